@@ -1,0 +1,43 @@
+"""flask_sqlqueue: a durable background-job queue that lives in your app's database."""
+
+from __future__ import annotations
+
+from .core.context import current_job as current_job
+from .core.jobs import Job as Job
+from .core.models import JobStatus as JobStatus
+from .core.tasks import BoundTask as BoundTask
+from .core.tasks import Task as Task
+from .core.worker import Worker as Worker
+from .core.worker import WorkerOptions as WorkerOptions
+from .exceptions import ClaimLost as ClaimLost
+from .exceptions import ConfigurationError as ConfigurationError
+from .exceptions import DuplicateTask as DuplicateTask
+from .exceptions import PayloadError as PayloadError
+from .exceptions import PermanentFailure as PermanentFailure
+from .exceptions import Retry as Retry
+from .exceptions import SchemaError as SchemaError
+from .exceptions import SQLQueueError as SQLQueueError
+from .exceptions import UnknownTask as UnknownTask
+from .extension import SQLQueue as SQLQueue
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BoundTask",
+    "ClaimLost",
+    "ConfigurationError",
+    "DuplicateTask",
+    "Job",
+    "JobStatus",
+    "PayloadError",
+    "PermanentFailure",
+    "Retry",
+    "SQLQueue",
+    "SQLQueueError",
+    "SchemaError",
+    "Task",
+    "UnknownTask",
+    "Worker",
+    "WorkerOptions",
+    "current_job",
+]

@@ -1,0 +1,543 @@
+"""``flask queue ...``: a thin click layer over the core. Errors are one line, exit 1."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from collections.abc import Callable
+from datetime import datetime
+from datetime import timedelta
+from types import FrameType
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import TypeVar
+
+import click
+import sqlalchemy as sa
+from flask import current_app
+from flask.cli import AppGroup
+
+from . import schema
+from .core import lifecycle
+from .core import queries
+from .core.enqueue import EnqueueOptions
+from .core.models import JobStatus
+from .core.models import utcnow
+from .core.payload import encode_payload
+from .core.worker import WorkerOptions
+from .exceptions import SQLQueueError
+
+if TYPE_CHECKING:
+    from .extension import _State
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+STATUSES = [status.value for status in JobStatus]
+
+queue_cli = AppGroup("queue", help="Run and inspect the background-job queue.")
+db_cli = AppGroup("db", help="Create and upgrade the queue's own tables (Alembic).")
+queue_cli.add_command(db_cli)
+
+
+def _state(check_schema: bool = True) -> _State:
+    state: _State | None = current_app.extensions.get("sqlqueue")
+    if state is None:
+        raise click.ClickException("SQLQueue is not set up on this app; call queue.init_app(app).")
+    if check_schema:
+        try:
+            state.ensure_schema()
+        except SQLQueueError as exc:
+            raise click.ClickException(str(exc)) from None
+    return state
+
+
+def _clean_errors(fn: F) -> F:
+    """Turn the queue's own errors and database errors into one-line CLI errors."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (SQLQueueError, ValueError, TypeError, LookupError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except sa.exc.SQLAlchemyError as exc:
+            message = str(exc.orig) if isinstance(exc, sa.exc.DBAPIError) else str(exc)
+            raise click.ClickException(f"database error: {message.splitlines()[0]}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+_AGE = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> timedelta:
+    """``"7d"``, ``"12h"``, ``"1h30m"``, ``"90s"`` as a timedelta."""
+    parts = _AGE.findall(text.strip().lower())
+    if not parts or "".join(n + u for n, u in parts) != text.strip().lower():
+        raise ValueError(
+            f"{text!r} is not an age; use a number and s, m, h, d or w, like 7d or 12h."
+        )
+    return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+
+
+def format_age(delta: timedelta) -> str:
+    seconds = int(max(delta.total_seconds(), 0))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return "\n".join(lines)
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    if not text:
+        return ""
+    line = text.splitlines()[0] if text.splitlines() else text
+    return line if len(line) <= width else line[: width - 3] + "..."
+
+
+def _when(value: datetime | None) -> str:
+    return "" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+# -- work ------------------------------------------------------------------------------------
+
+
+@queue_cli.command("work")
+@click.option(
+    "--queue", "queues", multiple=True, help="Serve this queue (repeatable). Default: all."
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Threads running jobs in this process.",
+)
+@click.option("--burst", is_flag=True, help="Exit 0 once no job is eligible now.")
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(0.01, 3600),
+    default=1.0,
+    show_default=True,
+    help="Seconds between polls while idle.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 86400),
+    default=30.0,
+    show_default=True,
+    help="Seconds to let running jobs finish after SIGTERM/SIGINT.",
+)
+@_clean_errors
+def work_command(
+    queues: tuple[str, ...], concurrency: int, burst: bool, poll_interval: float, grace: float
+) -> None:
+    """Run jobs until stopped.
+
+    SIGTERM or Ctrl-C: claim nothing more, let running jobs finish within --grace
+    seconds, hand unfinished ones back to pending, exit 0. A second signal exits at once.
+
+    \b
+    Example:
+      flask queue work --queue default --queue mail --concurrency 4
+    """
+    from .core.enqueue import check_options
+
+    for name in queues:
+        check_options(queue=name)
+    state = _state()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    logging.getLogger("flask_sqlqueue").setLevel(logging.INFO)
+    options = WorkerOptions(
+        queues=tuple(dict.fromkeys(queues)),
+        concurrency=concurrency,
+        poll_interval=poll_interval,
+        stale_after=state.settings.stale_after,
+        grace=grace,
+    )
+    worker = state.queue.worker(options, current_app._get_current_object())  # type: ignore[attr-defined]
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if worker.stopping:
+            click.echo("second signal: exiting now", err=True)
+            os._exit(1)
+        click.echo(
+            f"{signal.Signals(signum).name}: finishing running jobs (up to {grace:g}s)", err=True
+        )
+        worker.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        worker.run(burst=burst)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# -- inspecting -------------------------------------------------------------------------------
+
+
+@queue_cli.command("status")
+@_clean_errors
+def status_command() -> None:
+    """Job counts by queue and status, and the wait of each queue's oldest eligible job.
+
+    \b
+    Example:
+      flask queue status
+    """
+    state = _state()
+    now = utcnow()
+    with state.store.read() as conn:
+        rows = queries.status(conn, now)
+        waiting = queries.pending_tasks(conn)
+    if not rows:
+        click.echo("No jobs.")
+        return
+    table = [
+        [
+            row.queue,
+            *(str(row.counts.get(s, 0)) for s in STATUSES),
+            format_age(now - row.oldest_eligible) if row.oldest_eligible else "-",
+        ]
+        for row in rows
+    ]
+    totals = ["total", *(str(sum(r.counts.get(s, 0) for r in rows)) for s in STATUSES), ""]
+    click.echo(_table(["queue", *STATUSES, "oldest eligible"], [*table, totals]))
+    unknown = [(task, n) for task, n in waiting if task not in state.queue.registry]
+    for task, n in unknown:
+        click.echo(
+            f"warning: {n} pending job(s) for task {task!r}, which this app does not register; "
+            "no worker of this app will run them.",
+            err=True,
+        )
+
+
+@queue_cli.command("list")
+@click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
+@click.option("--queue", help="Only jobs in this queue.")
+@click.option("--task", help="Only jobs of this task.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option(
+    "--before", "before_id", type=click.IntRange(1), help="Page: jobs older than this id."
+)
+@_clean_errors
+def list_command(
+    status: str | None, queue: str | None, task: str | None, limit: int, before_id: int | None
+) -> None:
+    """List jobs, newest first, a page at a time.
+
+    \b
+    Example:
+      flask queue list --status dead --queue mail
+      flask queue list --before 1200     # the next page
+    """
+    state = _state()
+    with state.store.read() as conn:
+        jobs = queries.list_jobs(
+            conn, status=status, queue=queue, task=task, before_id=before_id, limit=limit
+        )
+    if not jobs:
+        click.echo("No jobs match.")
+        return
+    rows = [
+        [
+            str(job.id),
+            job.queue,
+            job.task,
+            str(job.status),
+            f"{job.attempts}/{job.max_attempts}",
+            _when(job.run_at),
+            _short(job.last_error, 50),
+        ]
+        for job in jobs
+    ]
+    click.echo(
+        _table(["id", "queue", "task", "status", "attempts", "run_at (UTC)", "last error"], rows)
+    )
+    if len(jobs) == limit:
+        click.echo(f"(more: --before {jobs[-1].id})")
+
+
+@queue_cli.command("show")
+@click.argument("job_id", type=click.IntRange(1))
+@_clean_errors
+def show_command(job_id: int) -> None:
+    """Everything about one job: payload, result, each error with its traceback, effects.
+
+    \b
+    Example:
+      flask queue show 42
+    """
+    state = _state()
+    job = state.store.get_job(job_id)
+    if job is None:
+        raise click.ClickException(f"No job with id {job_id}.")
+    with state.store.read() as conn:
+        effects = queries.job_effects(conn, job_id)
+    fields = [
+        ("id", job.id),
+        ("task", job.task),
+        ("queue", job.queue),
+        ("status", job.status),
+        ("attempts", f"{job.attempts}/{job.max_attempts}"),
+        ("priority", job.priority),
+        ("idempotency key", job.idempotency_key or "-"),
+        ("run at", _when(job.run_at)),
+        ("created", _when(job.created_at)),
+        ("updated", _when(job.updated_at)),
+        ("started", _when(job.started_at) or "-"),
+        ("finished", _when(job.finished_at) or "-"),
+        ("worker", job.worker_id or "-"),
+        ("rescues", job.rescues),
+        ("releases", job.releases),
+        ("last error", job.last_error or "-"),
+    ]
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        click.echo(f"{name.ljust(width)}  {value}")
+    click.echo("\nargs:")
+    click.echo(_indent(json.dumps(job.args, indent=2, ensure_ascii=False)))
+    click.echo("kwargs:")
+    click.echo(_indent(json.dumps(job.kwargs, indent=2, ensure_ascii=False)))
+    if job.payload_error:
+        click.echo(f"  ({job.payload_error})")
+    click.echo("result:")
+    click.echo(_indent(json.dumps(job.result, indent=2, ensure_ascii=False)))
+    click.echo(f"effects reserved: {len(effects)}")
+    for key, at in effects:
+        click.echo(f"  {key}  ({_when(at)})")
+    click.echo(f"errors: {len(job.errors)}")
+    for record in job.errors:
+        if not isinstance(record, dict):
+            click.echo(_indent(repr(record)))
+            continue
+        click.echo(
+            f"  attempt {record.get('attempt')} at {record.get('at')} on {record.get('worker')}: "
+            f"{record.get('type')}: {record.get('message')}"
+        )
+        if record.get("traceback"):
+            click.echo(_indent(str(record["traceback"]).rstrip(), 4))
+
+
+def _indent(text: str, n: int = 2) -> str:
+    return "\n".join(" " * n + line for line in text.splitlines())
+
+
+# -- changing -----------------------------------------------------------------------------------
+
+
+@queue_cli.command("retry")
+@click.argument("job_ids", nargs=-1, type=click.IntRange(1))
+@click.option("--dead", is_flag=True, help="Replay every dead job (narrow with --queue/--task).")
+@click.option("--queue", help="With --dead: only this queue.")
+@click.option("--task", help="With --dead: only this task.")
+@_clean_errors
+def retry_command(
+    job_ids: tuple[int, ...], dead: bool, queue: str | None, task: str | None
+) -> None:
+    """Replay dead (or cancelled) jobs with fresh attempts.
+
+    \b
+    Example:
+      flask queue retry 42 43
+      flask queue retry --dead --task example_app.tasks.call_flaky_api
+    """
+    if bool(job_ids) == dead:
+        raise click.UsageError("Give job ids or --dead, not both and not neither.")
+    if (queue or task) and not dead:
+        raise click.UsageError("--queue and --task go with --dead.")
+    state = _state()
+    now = utcnow()
+    if dead:
+        n = state.store.run_write(lambda conn: lifecycle.replay_dead(conn, now, queue, task))
+    else:
+        n = state.store.run_write(lambda conn: lifecycle.replay(conn, job_ids, now))
+    state.store.wake()
+    click.echo(f"Replayed {n} job(s).")
+
+
+@queue_cli.command("cancel")
+@click.argument("job_ids", nargs=-1, required=True, type=click.IntRange(1))
+@_clean_errors
+def cancel_command(job_ids: tuple[int, ...]) -> None:
+    """Cancel pending jobs. All or none: a missing or non-pending id changes nothing.
+
+    \b
+    Example:
+      flask queue cancel 42 43
+    """
+    state = _state()
+    now = utcnow()
+    n = state.store.run_write(lambda conn: lifecycle.cancel(conn, job_ids, now))
+    click.echo(f"Cancelled {n} job(s).")
+
+
+@queue_cli.command("purge")
+@click.option(
+    "--status",
+    required=True,
+    type=click.Choice(list(lifecycle.FINISHED)),
+    help="Which finished jobs to delete.",
+)
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    help="Age like 7d, 12h, 30m: jobs last changed before then.",
+)
+@_clean_errors
+def purge_command(status: str, older_than: str) -> None:
+    """Delete finished jobs last changed more than --older-than ago.
+
+    \b
+    Example:
+      flask queue purge --status completed --older-than 7d
+    """
+    age = parse_age(older_than)
+    state = _state()
+    before = utcnow() - age
+    n = state.store.run_write(lambda conn: lifecycle.purge(conn, status, before))
+    click.echo(f"Purged {n} {status} job(s).")
+
+
+@queue_cli.command("rescue")
+@_clean_errors
+def rescue_command() -> None:
+    """Take back running jobs whose worker stopped heartbeating (SQLQUEUE_STALE_AFTER).
+
+    \b
+    Example:
+      flask queue rescue
+    """
+    state = _state()
+    now = utcnow()
+    stale_before = now - timedelta(seconds=state.settings.stale_after)
+    rescued = state.store.run_write(lambda conn: lifecycle.rescue_stale(conn, stale_before, now))
+    for job_id, status, worker in rescued:
+        click.echo(f"job {job_id}: worker {worker} lost; now {status}")
+    click.echo(f"Rescued {len(rescued)} job(s).")
+    if rescued:
+        state.store.wake()
+
+
+@queue_cli.command("enqueue")
+@click.argument("task")
+@click.option("--args", "args_json", default="[]", help="JSON array of positional arguments.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
+@click.option("--queue", help="Queue (default: the task's).")
+@click.option("--priority", type=int, help="Higher runs first.")
+@click.option("--delay", type=click.FloatRange(0), help="Seconds from now.")
+@click.option("--idempotency-key", help="At most one job per key.")
+@_clean_errors
+def enqueue_command(
+    task: str,
+    args_json: str,
+    kwargs_json: str,
+    queue: str | None,
+    priority: int | None,
+    delay: float | None,
+    idempotency_key: str | None,
+) -> None:
+    """Enqueue a registered task with JSON arguments.
+
+    \b
+    Example:
+      flask queue enqueue example_app.tasks.build_report --args '[7]' --kwargs '{"fmt": "csv"}'
+    """
+    args = _json_arg("--args", args_json, list, "array")
+    kwargs = _json_arg("--kwargs", kwargs_json, dict, "object")
+    state = _state()
+    registered = state.queue.registry.get(task)
+    if registered is None:
+        known = ", ".join(sorted(state.queue.registry)) or "none"
+        raise click.ClickException(f"No task {task!r} is registered in this app (known: {known}).")
+    options = registered.options.merged(
+        EnqueueOptions(queue=queue, priority=priority, delay=delay, idempotency_key=idempotency_key)
+    )
+    job = state.store.enqueue(task, encode_payload(args, kwargs), options)
+    click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
+
+
+def _json_arg(flag: str, text: str, kind: type, name: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise click.ClickException(f"{flag} is not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise click.ClickException(f"{flag} must be a JSON {name}, got {text!r}.")
+    return value
+
+
+# -- schema -------------------------------------------------------------------------------------
+
+
+@db_cli.command("upgrade")
+@click.argument("revision", default="head")
+@_clean_errors
+def db_upgrade_command(revision: str) -> None:
+    """Create the queue's tables or bring them to REVISION (default: head).
+
+    \b
+    Example:
+      flask queue db upgrade
+    """
+    state = _state(check_schema=False)
+    schema.upgrade(state.store.engine, revision)
+    click.echo(f"Queue schema at {schema.current(state.store.engine)}.")
+
+
+@db_cli.command("downgrade")
+@click.argument("revision", default="-1")
+@_clean_errors
+def db_downgrade_command(revision: str) -> None:
+    """Step the queue's tables back to REVISION (default: one step; "base" drops them).
+
+    \b
+    Example:
+      flask queue db downgrade base
+    """
+    state = _state(check_schema=False)
+    schema.downgrade(state.store.engine, revision)
+    click.echo(f"Queue schema at {schema.current(state.store.engine) or 'base (no tables)'}.")
+
+
+@db_cli.command("current")
+@_clean_errors
+def db_current_command() -> None:
+    """Print the queue's schema revision and whether it is the newest.
+
+    \b
+    Example:
+      flask queue db current
+    """
+    state = _state(check_schema=False)
+    revision = schema.current(state.store.engine)
+    if revision is None:
+        click.echo(f"No queue tables yet; {schema.UPGRADE_HINT}.")
+        sys.exit(1)
+    suffix = " (head)" if revision == schema.head() else f" (head is {schema.head()})"
+    click.echo(f"{revision}{suffix}")

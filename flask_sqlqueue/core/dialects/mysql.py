@@ -1,0 +1,85 @@
+"""MariaDB and MySQL: ``SELECT … FOR UPDATE SKIP LOCKED``, then ``UPDATE`` by id.
+
+MariaDB has no ``UPDATE … RETURNING``, so the claim locks its candidates first (skipping
+rows other claimers hold), updates exactly those ids, and reads them back, all in the
+caller's transaction; the row locks keep other claimers off until it commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.engine import Connection
+
+from ..models import effects
+from ..models import jobs
+from .base import CLAIM_COLUMNS
+from .base import PENDING
+from .base import DialectOps
+from .base import claim_candidates
+from .base import claim_order
+from .base import claim_values
+
+
+class MySQLOps(DialectOps):
+    name = "mysql"
+
+    def claim(
+        self,
+        conn: Connection,
+        *,
+        worker_id: str,
+        token: str,
+        now: datetime,
+        limit: int,
+        queues: Sequence[str],
+        tasks: Sequence[str],
+    ) -> list[Any]:
+        ids = (
+            conn.execute(
+                claim_candidates(now, limit, queues, tasks).with_for_update(skip_locked=True)
+            )
+            .scalars()
+            .all()
+        )
+        if not ids:
+            return []
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id.in_(ids), jobs.c.status == PENDING)
+            .values(claim_values(worker_id, token, now))
+        )
+        rows = conn.execute(
+            sa.select(*CLAIM_COLUMNS).where(jobs.c.id.in_(ids), jobs.c.claim_token == token)
+        ).all()
+        return sorted(rows, key=claim_order)
+
+    def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
+        result = _insert_once(conn, mysql_insert(jobs).values(values))
+        return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
+
+    def insert_effect(self, conn: Connection, key: str, job_id: int, now: datetime) -> bool:
+        stmt = mysql_insert(effects).values(key=key, job_id=job_id, created_at=now)
+        return _insert_once(conn, stmt) is not None
+
+
+_DUPLICATE_KEY = 1062
+
+
+def _insert_once(conn: Connection, stmt: sa.Insert) -> sa.CursorResult[Any] | None:
+    """Insert, or ``None`` on a duplicate key.
+
+    Not ``ON DUPLICATE KEY UPDATE``: with the FOUND_ROWS flag SQLAlchemy sets, its rowcount
+    cannot tell an insert from a duplicate. A savepoint keeps the caller's transaction usable.
+    """
+    try:
+        with conn.begin_nested():
+            return conn.execute(stmt)
+    except sa.exc.IntegrityError as exc:
+        if getattr(exc.orig, "args", (None,))[0] == _DUPLICATE_KEY:
+            return None
+        raise

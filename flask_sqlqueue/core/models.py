@@ -1,0 +1,171 @@
+"""The queue's tables: jobs, job effects and workers.
+
+Every table name starts with ``sqlqueue_`` so it can share a database with the app's own
+tables, and the metadata is separate from the app's so the app's migrations never see it.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.orm import Mapped
+from sqlalchemy.orm import mapped_column
+
+JOBS_TABLE = "sqlqueue_jobs"
+EFFECTS_TABLE = "sqlqueue_job_effects"
+WORKERS_TABLE = "sqlqueue_workers"
+VERSION_TABLE = "sqlqueue_alembic_version"
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life. Stored as the lowercase value."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class UTCDateTime(sa.TypeDecorator[datetime]):
+    """A timestamp that is always UTC and always timezone-aware in Python.
+
+    SQLite and MariaDB keep no zone, so values are stored as naive UTC there and given
+    their zone back on the way out; PostgreSQL stores ``timestamptz``.
+    """
+
+    impl = sa.DateTime
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(postgresql.TIMESTAMP(timezone=True))
+        if dialect.name in ("mysql", "mariadb"):
+            return dialect.type_descriptor(mysql.DATETIME(fsp=6))
+        return dialect.type_descriptor(sa.DateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware datetime")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+# BIGINT keys on the servers; SQLite only auto-increments an INTEGER primary key.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+# MariaDB's TEXT stops at 64 KiB, too small for a history of tracebacks.
+LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+class Base(DeclarativeBase):
+    metadata = metadata
+
+
+class JobRow(Base):
+    """One job: a call of a registered task, with its arguments and its history."""
+
+    __tablename__ = JOBS_TABLE
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    queue: Mapped[str] = mapped_column(sa.String(100), default="default")
+    task: Mapped[str] = mapped_column(sa.String(255))
+    #: ``{"args": [...], "kwargs": {...}}`` as JSON text, encoded once by the producer.
+    payload: Mapped[str] = mapped_column(LongText)
+    #: A :class:`JobStatus` value; plain text so a hand-edited row never breaks loading.
+    status: Mapped[str] = mapped_column(sa.String(16), default=JobStatus.PENDING.value)
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0)
+    max_attempts: Mapped[int] = mapped_column(sa.Integer)
+    #: Times a dead worker's attempt was taken back, counted apart from ordinary failures.
+    rescues: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    #: Times a stopping worker handed the job back unfinished (not counted as attempts).
+    releases: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    priority: Mapped[int] = mapped_column(sa.Integer, default=0)
+    run_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    worker_id: Mapped[str | None] = mapped_column(sa.String(100))
+    #: Fresh for every claim; every write that finishes an attempt must present it.
+    claim_token: Mapped[str | None] = mapped_column(sa.String(32))
+    last_error: Mapped[str | None] = mapped_column(LongText)
+    #: JSON list with one record per failed attempt: type, message, traceback, worker, time.
+    errors: Mapped[str | None] = mapped_column(LongText)
+    #: The task's return value as JSON text.
+    result: Mapped[str | None] = mapped_column(LongText)
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(255), unique=True)
+
+    __table_args__ = (
+        # The claim: pending jobs in priority order, then run_at, then id.
+        sa.Index("ix_sqlqueue_jobs_claim", "status", sa.text("priority DESC"), "run_at", "id"),
+        # The stale scan (running jobs by worker) and per-queue counts.
+        sa.Index("ix_sqlqueue_jobs_status_worker", "status", "worker_id"),
+        sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
+        sa.Index("ix_sqlqueue_jobs_task_status", "task", "status"),
+    )
+
+
+class JobEffectRow(Base):
+    """A side effect reserved by a job: the key exists at most once, ever.
+
+    No foreign key to the jobs table: reservations must outlive the pruning of old jobs,
+    or a replay long after would repeat the effect.
+    """
+
+    __tablename__ = EFFECTS_TABLE
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(sa.String(255), unique=True)
+    job_id: Mapped[int | None] = mapped_column(sa.BigInteger, index=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class WorkerRow(Base):
+    """A running worker process, kept alive by its heartbeat."""
+
+    __tablename__ = WORKERS_TABLE
+
+    id: Mapped[str] = mapped_column(sa.String(100), primary_key=True)
+    host: Mapped[str] = mapped_column(sa.String(255))
+    pid: Mapped[int] = mapped_column(sa.Integer)
+    #: Comma-separated queue names, empty for "every queue".
+    queues: Mapped[str] = mapped_column(LongText, default="")
+    concurrency: Mapped[int] = mapped_column(sa.Integer)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+
+jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
+effects: sa.Table = JobEffectRow.__table__  # type: ignore[assignment]
+workers: sa.Table = WorkerRow.__table__  # type: ignore[assignment]

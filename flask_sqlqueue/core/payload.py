@@ -1,0 +1,94 @@
+"""JSON encoding of job payloads and results that refuses anything that would not round-trip.
+
+Payloads are never pickled: a row can only ever hold plain JSON, so reading a job can
+never run code. Values are checked before anything is written, so a refusal writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from collections.abc import Sequence
+from typing import Any
+from typing import cast
+
+from ..exceptions import PayloadError
+from ..exceptions import PayloadValueError
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_loads = json.loads
+
+
+def check(value: object, path: str) -> None:
+    """Raise :class:`PayloadError` naming the first value below ``path`` that is not plain JSON."""
+    kind = type(value)
+    if value is None or kind is bool or kind is int:
+        return
+    if kind is str:
+        _check_str(value, path)  # type: ignore[arg-type]
+    elif kind is float:
+        if not math.isfinite(value):  # type: ignore[arg-type]
+            raise PayloadValueError(path, value, "is not a finite number (JSON has no NaN)")
+    elif kind is list:
+        for i, item in enumerate(cast("list[Any]", value)):
+            check(item, f"{path}[{i}]")
+    elif kind is dict:
+        for key, item in cast("dict[Any, Any]", value).items():
+            if type(key) is not str:
+                raise PayloadError(f"{path} key", key, "is not a string (JSON keys are strings)")
+            _check_str(key, f"{path} key")
+            check(item, f"{path}[{key!r}]")
+    elif kind is tuple:
+        raise PayloadError(path, value, "is a tuple, which JSON returns as a list; pass a list")
+    else:
+        raise PayloadError(path, value, f"is a {kind.__name__}, not JSON-serialisable")
+
+
+def _check_str(value: str, path: str) -> None:
+    if "\x00" in value:
+        raise PayloadValueError(path, value, "contains a NUL character, which databases refuse")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PayloadValueError(path, value, "is not valid Unicode text") from None
+
+
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """Check and encode a call's arguments as one JSON document."""
+    args = list(args)
+    kwargs = dict(kwargs)
+    for i, item in enumerate(args):
+        check(item, f"args[{i}]")
+    for key, item in kwargs.items():
+        if type(key) is not str:
+            raise PayloadError("kwargs key", key, "is not a string")
+        check(item, f"kwargs[{key!r}]")
+    return _dumps({"args": args, "kwargs": kwargs})
+
+
+def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
+    """Decode a stored payload; raises ``ValueError`` for a row that was edited into nonsense."""
+    data = _loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("payload is not a JSON object")
+    args = data.get("args", [])
+    kwargs = data.get("kwargs", {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        raise ValueError("payload args must be a JSON array and kwargs a JSON object")
+    return args, kwargs
+
+
+def encode_value(value: object, path: str = "result") -> str:
+    """Check and encode one value (a result, an error record)."""
+    check(value, path)
+    return _dumps(value)
+
+
+def dumps_trusted(value: object) -> str:
+    """Encode a value built by the queue itself (error records): no checks needed."""
+    return _dumps(value)
+
+
+def decode_value(text: str | None) -> Any:
+    return None if text is None else _loads(text)

@@ -1,0 +1,198 @@
+"""The queue's database: one engine, the dialect's operations, and the calls built on them.
+
+The worker, the CLI and the Flask extension all go through a :class:`Store`; every
+transaction it opens is short, and none is ever held while a task runs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+from ..config import Settings
+from .dialects import DialectOps
+from .dialects import for_dialect
+from .enqueue import EnqueueOptions
+from .enqueue import job_values
+from .jobs import Job
+from .lifecycle import Backoff
+from .models import jobs
+from .models import utcnow
+
+# In-process wake-ups: a worker waiting for jobs is woken by an enqueue in the same
+# process at once instead of at its next poll. Keyed by database, so two queues on
+# different databases never wake each other.
+_waiters: dict[str, weakref.WeakSet[threading.Event]] = {}
+_waiters_lock = threading.Lock()
+
+
+def database_identity(url: sa.URL) -> str:
+    """A key that is equal for two URLs naming the same database."""
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return "sqlite:" + os.path.realpath(url.database or ":memory:")
+    return f"{backend}://{url.host or ''}:{url.port or ''}/{url.database or ''}"
+
+
+class Store:
+    """The queue's engine and everything that reads or writes it."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.ops: DialectOps = for_dialect(engine.dialect.name)
+        self.ops.configure_engine(engine, settings)
+        self.read_engine = engine.execution_options(**self.ops.read_options())
+        self.identity = database_identity(engine.url)
+        self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Store:
+        url = make_url(settings.database_uri)
+        options = dict(settings.engine_options)
+        if url.get_backend_name() == "sqlite":
+            if url.database in (None, "", ":memory:"):
+                raise ValueError(
+                    "An in-memory SQLite database cannot be shared by a worker; "
+                    "use a file: sqlite:///path/to/queue.db"
+                )
+            os.makedirs(os.path.dirname(os.path.abspath(url.database)) or ".", exist_ok=True)
+        else:
+            options.setdefault("pool_pre_ping", True)
+        return cls(sa.create_engine(url, **options), settings)
+
+    # -- transactions -----------------------------------------------------------------
+
+    def write(self) -> Any:
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite)."""
+        return self.engine.begin()
+
+    def read(self) -> Any:
+        """A short read-only transaction that never waits for writers."""
+        return self.read_engine.begin()
+
+    # -- producing ----------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: str,
+        payload: str,
+        options: EnqueueOptions,
+        *,
+        default_max_attempts: int | None = None,
+    ) -> Job:
+        """Write one job; with an idempotency key that exists, return that job instead."""
+        values = job_values(
+            task,
+            payload,
+            options,
+            default_max_attempts=default_max_attempts or self.settings.max_attempts,
+            now=utcnow(),
+        )
+        target = options.session
+        if target is None:
+            with self.write() as conn:
+                job = self._insert(conn, values)
+            self.wake()
+            return job
+        conn = self._caller_connection(target)
+        job = self._insert(conn, values)
+        if isinstance(target, Session):
+            event.listen(target, "after_commit", lambda _s: self.wake(), once=True)
+        else:
+            self.wake()  # a hint only: a worker woken early just polls again later
+        return job
+
+    def _insert(self, conn: Connection, values: dict[str, Any]) -> Job:
+        ops = (
+            self.ops
+            if conn.dialect.name == self.engine.dialect.name
+            else for_dialect(conn.dialect.name)
+        )
+        key = values["idempotency_key"]
+        for _ in range(3):
+            job_id = ops.insert_job(conn, values)
+            if job_id is not None:
+                return Job.from_row(
+                    _Values(
+                        id=job_id,
+                        **values,
+                        started_at=None,
+                        finished_at=None,
+                        worker_id=None,
+                        last_error=None,
+                        result=None,
+                        errors=None,
+                    ),
+                    self.get_job,
+                )
+            existing = conn.execute(sa.select(jobs).where(jobs.c.idempotency_key == key)).first()
+            if existing is not None:
+                return Job.from_row(existing, self.get_job)
+            # The holder of the key was deleted between our insert and our read: try again.
+        raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
+
+    def _caller_connection(self, target: Session | Connection) -> Connection:
+        conn = target.connection() if isinstance(target, Session) else target
+        if database_identity(conn.engine.url) != self.identity:
+            raise ValueError(
+                "session= must be bound to the queue's own database "
+                f"({self.engine.url.render_as_string()}), not "
+                f"{conn.engine.url.render_as_string()}."
+            )
+        return conn
+
+    # -- reading --------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> Job | None:
+        with self.read() as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
+        return None if row is None else Job.from_row(row, self.get_job)
+
+    # -- wake-ups ---------------------------------------------------------------------------
+
+    def add_waiter(self, event_: threading.Event) -> None:
+        with _waiters_lock:
+            _waiters.setdefault(self.identity, weakref.WeakSet()).add(event_)
+
+    def remove_waiter(self, event_: threading.Event) -> None:
+        with _waiters_lock:
+            _waiters.get(self.identity, weakref.WeakSet()).discard(event_)
+
+    def wake(self) -> None:
+        with _waiters_lock:
+            waiting = list(_waiters.get(self.identity, ()))
+        for waiter in waiting:
+            waiter.set()
+
+    # -- resilience -------------------------------------------------------------------------
+
+    def run_write(self, fn: Any, *, attempts: int = 10, delay: float = 0.05) -> Any:
+        """Run ``fn(conn)`` in a write transaction, retrying when the database is busy
+        or unreachable, so a finished attempt is recorded rather than lost."""
+        for attempt in range(attempts):
+            try:
+                with self.write() as conn:
+                    return fn(conn)
+            except sa.exc.OperationalError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(min(delay * 2**attempt, 2.0))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _Values:
+    """Row-like access to the values of a just-inserted job (saves reading it back)."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)

@@ -1,0 +1,525 @@
+"""The worker: claims jobs, runs them on threads, records how each attempt ended.
+
+One dispatcher loop claims as many jobs as there are free threads, in one statement,
+and hands them to job threads. Every transaction is short: a claim, a completion, a
+failure; none is open while a task runs. A heartbeat thread keeps the worker's row
+alive and takes back jobs of workers that stopped heartbeating.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import queue as queue_module
+import random
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from ..exceptions import ClaimLost
+from ..exceptions import ConfigurationError
+from ..exceptions import PayloadError
+from ..exceptions import PermanentFailure
+from ..exceptions import Retry
+from . import lifecycle
+from .context import JobContext
+from .context import _current
+from .dialects.base import CLAIM_COLUMNS
+from .dialects.base import claim_values
+from .models import JobStatus
+from .models import jobs
+from .models import utcnow
+from .payload import decode_payload
+from .payload import encode_value
+from .store import Store
+from .tasks import Task
+
+log = logging.getLogger("flask_sqlqueue.worker")
+
+_MAX_TRACEBACK = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerOptions:
+    """How a worker runs. Every field has the CLI flag of the same name."""
+
+    #: Queues to serve; empty means every queue.
+    queues: tuple[str, ...] = ()
+    #: Job threads in this process.
+    concurrency: int = 1
+    #: Seconds between polls when idle (an enqueue in this process wakes it at once).
+    poll_interval: float = 1.0
+    #: Seconds without a heartbeat after which a worker's running jobs are rescued.
+    stale_after: float = 60.0
+    #: Seconds to let running jobs finish after a stop is asked for.
+    grace: float = 30.0
+
+    def __post_init__(self) -> None:
+        if type(self.concurrency) is not int or self.concurrency < 1:
+            raise ConfigurationError(f"concurrency must be 1 or more, got {self.concurrency!r}.")
+        for name in ("poll_interval", "stale_after", "grace"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ConfigurationError(f"{name} must be zero or more seconds, got {value!r}.")
+        if self.poll_interval <= 0:
+            raise ConfigurationError("poll_interval must be more than zero seconds.")
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return max(0.05, min(self.stale_after / 4, 15.0))
+
+
+def job_label(job_id: int, task: str, attempt: int, max_attempts: int, key: str | None) -> str:
+    """The prefix of every log line about a job."""
+    text = f"job={job_id} task={task} attempt={attempt}/{max_attempts}"
+    return text if key is None else f"{text} key={key}"
+
+
+def _job_extra(row: Any) -> dict[str, Any]:
+    return {
+        "sqlqueue_job_id": row.id,
+        "sqlqueue_task": row.task,
+        "sqlqueue_attempt": row.attempts,
+        "sqlqueue_idempotency_key": row.idempotency_key,
+    }
+
+
+class Worker:
+    """Runs the jobs of the tasks in ``registry`` from ``store``.
+
+    :param job_context: called once per job; the job runs inside what it returns
+        (the Flask extension passes ``app.app_context``).
+    :param clock: returns the current aware UTC time; injected for tests.
+    :param rng: the source of backoff jitter; injected for tests.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Mapping[str, Task[Any, Any]],
+        options: WorkerOptions | None = None,
+        *,
+        job_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        clock: Callable[[], datetime] = utcnow,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.options = options or WorkerOptions(stale_after=store.settings.stale_after)
+        self.job_context = job_context or nullcontext
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._running: dict[int, str] = {}  # job id -> claim token
+        self._registered = False
+        self._last_heartbeat_ok = time.monotonic()
+        self._lost = False
+        self._db_error_logged = 0.0
+
+    # -- public API -----------------------------------------------------------------------
+
+    def run_once(self) -> bool:
+        """Claim one eligible job and run it in this thread; ``False`` if there was none."""
+        self._register()
+        rows = self._claim(1)
+        for row in rows:
+            self._execute(row)
+        return bool(rows)
+
+    def run(self, *, burst: bool = False) -> None:
+        """Work until :meth:`stop` is called, or with ``burst`` until nothing is eligible."""
+        self._check_tasks()
+        self._register()
+        inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
+        threads = [
+            threading.Thread(
+                target=self._job_thread, args=(inbox,), name=f"sqlqueue-job-{n}", daemon=True
+            )
+            for n in range(self.options.concurrency)
+        ]
+        heart = threading.Thread(
+            target=self._heartbeat_loop, name="sqlqueue-heartbeat", daemon=True
+        )
+        for thread in (*threads, heart):
+            thread.start()
+        self.store.add_waiter(self._wake)
+        log.info(
+            "worker %s started: queues=%s concurrency=%d tasks=%d",
+            self.id,
+            ",".join(self.options.queues) or "*",
+            self.options.concurrency,
+            len(self.registry),
+        )
+        try:
+            self._dispatch(inbox, burst)
+        finally:
+            self.store.remove_waiter(self._wake)
+            self._stopping.set()
+            for _ in threads:
+                inbox.put(None)
+            self._finish_running()
+            heart.join(timeout=5)
+            self.close()
+
+    def stop(self) -> None:
+        """Claim nothing more; :meth:`run` returns once running jobs finish or the grace ends."""
+        self._stopping.set()
+        self._wake.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def close(self) -> None:
+        """Remove this worker's row: it is no longer alive."""
+        if self._registered:
+            try:
+                self.store.run_write(lambda conn: lifecycle.unregister_worker(conn, self.id))
+            except sa.exc.SQLAlchemyError:
+                log.warning("worker %s could not remove its row; it will expire", self.id)
+            self._registered = False
+
+    # -- dispatching ------------------------------------------------------------------------
+
+    def _check_tasks(self) -> None:
+        if not self.registry:
+            raise ConfigurationError(
+                "No tasks are registered, so this worker could never run a job; "
+                "import the modules that define your tasks in the app factory."
+            )
+
+    def _register(self) -> None:
+        if self._registered:
+            return
+        now = self.clock()
+        self.store.run_write(
+            lambda conn: lifecycle.register_worker(
+                conn,
+                self.id,
+                socket.gethostname(),
+                os.getpid(),
+                self.options.queues,
+                self.options.concurrency,
+                now,
+            )
+        )
+        self._registered = True
+        self._last_heartbeat_ok = time.monotonic()
+
+    def _dispatch(self, inbox: queue_module.SimpleQueue[Any], burst: bool) -> None:
+        poll = self.options.poll_interval
+        while not self._stopping.is_set():
+            if self._lost or time.monotonic() - self._last_heartbeat_ok > self.options.stale_after:
+                # Others may already have rescued our jobs: claiming more would be unsafe.
+                log.error("worker %s lost its heartbeat; it stops claiming", self.id)
+                break
+            with self._lock:
+                free = self.options.concurrency - len(self._running)
+            if free <= 0:
+                self._wake.wait(poll)
+                self._wake.clear()
+                continue
+            self._wake.clear()
+            try:
+                rows = self._claim(free)
+            except sa.exc.OperationalError as exc:
+                self._log_db_error("claim", exc)
+                self._stopping.wait(min(poll, 1.0))
+                continue
+            for row in rows:
+                inbox.put(row)
+            if rows:
+                continue
+            if burst:
+                with self._lock:
+                    idle = not self._running
+                if idle:
+                    return
+            self._wake.wait(poll)
+
+    def _claim(self, limit: int) -> list[Any]:
+        token = uuid.uuid4().hex
+        now = self.clock()
+        with self.store.write() as conn:
+            rows = self.store.ops.claim(
+                conn,
+                worker_id=self.id,
+                token=token,
+                now=now,
+                limit=limit,
+                queues=self.options.queues,
+                tasks=sorted(self.registry),
+            )
+        with self._lock:
+            for row in rows:
+                self._running[row.id] = token
+        return rows
+
+    def _job_thread(self, inbox: queue_module.SimpleQueue[Any]) -> None:
+        while True:
+            row = inbox.get()
+            if row is None:
+                return
+            try:
+                self._execute(row)
+            finally:
+                self._wake.set()
+
+    def _finish_running(self) -> None:
+        """Wait up to the grace period for running jobs, then hand back the rest."""
+        deadline = time.monotonic() + self.options.grace
+        while time.monotonic() < deadline:
+            with self._lock:
+                if not self._running:
+                    return
+            time.sleep(0.05)
+        with self._lock:
+            unfinished = dict(self._running)
+        for job_id, token in unfinished.items():
+            now = self.clock()
+            try:
+                released = self.store.run_write(
+                    lambda conn, j=job_id, t=token, n=now: lifecycle.release(conn, j, t, n)
+                )
+            except sa.exc.SQLAlchemyError as exc:
+                log.error("job=%s could not be released (%s); it will be rescued", job_id, exc)
+                continue
+            if released:
+                log.warning("job=%s released unfinished at shutdown; it will run again", job_id)
+
+    # -- running one job ----------------------------------------------------------------------
+
+    def _execute(self, row: Any) -> None:
+        label = job_label(row.id, row.task, row.attempts, row.max_attempts, row.idempotency_key)
+        extra = _job_extra(row)
+        try:
+            self._run_and_record(row, label, extra)
+        finally:
+            with self._lock:
+                self._running.pop(row.id, None)
+
+    def _run_and_record(self, row: Any, label: str, extra: dict[str, Any]) -> None:
+        task = self.registry.get(row.task)
+        try:
+            args, kwargs = decode_payload(row.payload)
+        except ValueError as exc:
+            log.error("%s: malformed payload, job is dead: %s", label, exc, extra=extra)
+            self._record_failure(row, label, extra, "MalformedPayload", str(exc), "", dead=True)
+            return
+        if task is None:  # cannot happen for claimed rows; never drop the job if it does
+            self._record_failure(row, label, extra, "UnknownTask", row.task, "", dead=False)
+            return
+        ctx = JobContext(
+            id=row.id,
+            task=row.task,
+            queue=row.queue,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            idempotency_key=row.idempotency_key,
+            worker_id=self.id,
+            claim_token=row.claim_token,
+            store=self.store,
+        )
+        log.info("%s: started", label, extra=extra)
+        started = time.monotonic()
+        outcome: tuple[str, Any] | None = None
+        try:
+            with self.job_context():
+                reset = _current.set(ctx)
+                try:
+                    outcome = ("ok", task.fn(*args, **kwargs))
+                except BaseException as exc:  # a task's SystemExit must not end the worker
+                    outcome = ("error", exc)
+                finally:
+                    _current.reset(reset)
+        except Exception as exc:
+            if outcome is None:
+                outcome = ("error", exc)
+            else:
+                log.warning("%s: job context failed on exit: %r", label, exc, extra=extra)
+        elapsed = time.monotonic() - started
+        assert outcome is not None
+        kind, value = outcome
+        if kind == "ok":
+            self._record_success(row, label, extra, value, elapsed)
+            return
+        error: BaseException = value
+        if isinstance(error, ClaimLost):
+            log.warning("%s: lost its claim while running; nothing recorded", label, extra=extra)
+            return
+        text = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
+        kind_name = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
+        if isinstance(error, PermanentFailure):
+            self._record_failure(row, label, extra, kind_name, str(error), text, dead=True)
+        elif isinstance(error, Retry):
+            self._record_failure(row, label, extra, kind_name, str(error), text, delay=error.delay)
+        else:
+            self._record_failure(
+                row, label, extra, kind_name, str(error), text, delay=self._backoff(row, task)
+            )
+
+    def _backoff(self, row: Any, task: Task[Any, Any]) -> float:
+        if task.backoff is not None:
+            try:
+                delay = task.backoff(row.attempts)
+                seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+                if math.isfinite(seconds) and seconds >= 0:
+                    return seconds
+                raise ValueError(f"backoff returned {delay!r}")
+            except Exception as exc:
+                log.error("task %s: backoff failed (%r); using the default", row.task, exc)
+        return self.store.backoff.delay(row.attempts, self.rng)
+
+    def _record_success(
+        self, row: Any, label: str, extra: dict[str, Any], value: Any, elapsed: float
+    ) -> None:
+        try:
+            result = None if value is None else encode_value(value)
+        except PayloadError as exc:
+            # The work is done: re-running it to store a result would repeat its effects.
+            log.warning("%s: result not stored: %s", label, exc, extra=extra)
+            result = None
+        now = self.clock()
+        done = self._finish(
+            label,
+            extra,
+            lambda conn: lifecycle.complete(conn, row.id, row.claim_token, result, now),
+        )
+        if done:
+            log.info("%s: completed in %.3fs", label, elapsed, extra=extra)
+
+    def _record_failure(
+        self,
+        row: Any,
+        label: str,
+        extra: dict[str, Any],
+        kind: str,
+        message: str,
+        text: str,
+        *,
+        dead: bool = False,
+        delay: float = 0.0,
+    ) -> None:
+        now = self.clock()
+        record = lifecycle.error_record(row.attempts, kind, message, text, self.id, now)
+        spent = row.attempts >= row.max_attempts
+        retry_at = None if dead or spent else now + timedelta(seconds=delay)
+        done = self._finish(
+            label,
+            extra,
+            lambda conn: lifecycle.fail(conn, row.id, row.claim_token, record, retry_at, now),
+        )
+        if not done:
+            return
+        if retry_at is None:
+            log.error("%s: failed, job is dead: %s: %s", label, kind, message, extra=extra)
+        else:
+            log.warning(
+                "%s: failed, retry in %.1fs: %s: %s", label, delay, kind, message, extra=extra
+            )
+
+    def _finish(self, label: str, extra: dict[str, Any], write: Callable[[Any], bool]) -> bool:
+        try:
+            done = bool(self.store.run_write(write))
+        except sa.exc.SQLAlchemyError as exc:
+            log.error(
+                "%s: could not record the outcome (%s); the job will be rescued and run again",
+                label,
+                exc,
+                extra=extra,
+            )
+            return False
+        if not done:
+            log.warning(
+                "%s: lost its claim (rescued or released meanwhile); outcome dropped",
+                label,
+                extra=extra,
+            )
+        return done
+
+    # -- heartbeat and rescue -------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.options.heartbeat_interval
+        beats = 0
+        while not self._stopping.wait(interval):
+            try:
+                alive = self.store.run_write(
+                    lambda conn: lifecycle.heartbeat(conn, self.id, self.clock()), attempts=3
+                )
+            except sa.exc.SQLAlchemyError as exc:
+                self._log_db_error("heartbeat", exc)
+                continue
+            if not alive:
+                log.error("worker %s was declared dead by another worker; stopping", self.id)
+                self._lost = True
+                self.stop()
+                return
+            self._last_heartbeat_ok = time.monotonic()
+            beats += 1
+            if beats % 2 == 0:
+                self.rescue()
+
+    def rescue(self) -> list[tuple[int, str, str]]:
+        """Take back the running jobs of workers that stopped heartbeating."""
+        now = self.clock()
+        stale_before = now - timedelta(seconds=self.options.stale_after)
+        try:
+            rescued: list[tuple[int, str, str]] = self.store.run_write(
+                lambda conn: lifecycle.rescue_stale(conn, stale_before, now), attempts=3
+            )
+        except sa.exc.SQLAlchemyError as exc:
+            self._log_db_error("rescue", exc)
+            return []
+        for job_id, status, lost in rescued:
+            log.warning("job=%s rescued from lost worker %s: now %s", job_id, lost, status)
+        if rescued:
+            self._wake.set()
+        return rescued
+
+    def _log_db_error(self, what: str, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._db_error_logged > 10:  # at most one line per 10 s while it lasts
+            self._db_error_logged = now
+            log.error("worker %s: database error during %s (will retry): %s", self.id, what, exc)
+
+    # -- eager mode -------------------------------------------------------------------------------
+
+    def run_job(self, job_id: int) -> bool:
+        """Claim one specific pending job and run it now, in this thread (eager mode)."""
+        token = uuid.uuid4().hex
+        now = self.clock()
+
+        def claim(conn: Any) -> Any:
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.status == JobStatus.PENDING.value)
+                .values(claim_values(self.id, token, now))
+            )
+            return conn.execute(
+                sa.select(*CLAIM_COLUMNS).where(jobs.c.id == job_id, jobs.c.claim_token == token)
+            ).first()
+
+        row = self.store.run_write(claim)
+        if row is None:
+            return False
+        with self._lock:
+            self._running[row.id] = token
+        self._execute(row)
+        return True
