@@ -18,6 +18,7 @@ from typing import TypeVar
 
 import click
 import sqlalchemy as sa
+from alembic.util import CommandError
 from flask import current_app
 from flask.cli import AppGroup
 
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 STATUSES = [status.value for status in JobStatus]
+# Job ids are 64-bit on every backend; a bigger number must be refused, not overflow a driver.
+JOB_ID = click.IntRange(1, 2**63 - 1)
 
 queue_cli = AppGroup("queue", help="Run and inspect the background-job queue.")
 db_cli = AppGroup("db", help="Create and upgrade the queue's own tables (Alembic).")
@@ -63,7 +66,7 @@ def _clean_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (SQLQueueError, ValueError, TypeError, LookupError) as exc:
+        except (SQLQueueError, ValueError, TypeError, LookupError, CommandError) as exc:
             raise click.ClickException(str(exc)) from None
         except sa.exc.SQLAlchemyError as exc:
             message = str(exc.orig) if isinstance(exc, sa.exc.DBAPIError) else str(exc)
@@ -83,7 +86,10 @@ def parse_age(text: str) -> timedelta:
         raise ValueError(
             f"{text!r} is not an age; use a number and s, m, h, d or w, like 7d or 12h."
         )
-    return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+    try:
+        return timedelta(seconds=sum(float(n) * _UNITS[u] for n, u in parts))
+    except OverflowError:
+        raise ValueError(f"{text!r} is too long an age.") from None
 
 
 def format_age(delta: timedelta) -> str:
@@ -241,9 +247,7 @@ def status_command() -> None:
 @click.option("--queue", help="Only jobs in this queue.")
 @click.option("--task", help="Only jobs of this task.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
-@click.option(
-    "--before", "before_id", type=click.IntRange(1), help="Page: jobs older than this id."
-)
+@click.option("--before", "before_id", type=JOB_ID, help="Page: jobs older than this id.")
 @_clean_errors
 def list_command(
     status: str | None, queue: str | None, task: str | None, limit: int, before_id: int | None
@@ -257,9 +261,11 @@ def list_command(
     """
     state = _state()
     with state.store.read() as conn:
+        # One extra row tells whether another page exists, so the hint never leads nowhere.
         jobs = queries.list_jobs(
-            conn, status=status, queue=queue, task=task, before_id=before_id, limit=limit
+            conn, status=status, queue=queue, task=task, before_id=before_id, limit=limit + 1
         )
+    more, jobs = len(jobs) > limit, jobs[:limit]
     if not jobs:
         click.echo("No jobs match.")
         return
@@ -278,12 +284,12 @@ def list_command(
     click.echo(
         _table(["id", "queue", "task", "status", "attempts", "run_at (UTC)", "last error"], rows)
     )
-    if len(jobs) == limit:
+    if more:
         click.echo(f"(more: --before {jobs[-1].id})")
 
 
 @queue_cli.command("show")
-@click.argument("job_id", type=click.IntRange(1))
+@click.argument("job_id", type=JOB_ID)
 @_clean_errors
 def show_command(job_id: int) -> None:
     """Everything about one job: payload, result, each error with its traceback, effects.
@@ -351,7 +357,7 @@ def _indent(text: str, n: int = 2) -> str:
 
 
 @queue_cli.command("retry")
-@click.argument("job_ids", nargs=-1, type=click.IntRange(1))
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
 @click.option("--dead", is_flag=True, help="Replay every dead job (narrow with --queue/--task).")
 @click.option("--queue", help="With --dead: only this queue.")
 @click.option("--task", help="With --dead: only this task.")
@@ -381,7 +387,7 @@ def retry_command(
 
 
 @queue_cli.command("cancel")
-@click.argument("job_ids", nargs=-1, required=True, type=click.IntRange(1))
+@click.argument("job_ids", nargs=-1, required=True, type=JOB_ID)
 @_clean_errors
 def cancel_command(job_ids: tuple[int, ...]) -> None:
     """Cancel pending jobs. All or none: a missing or non-pending id changes nothing.
@@ -419,7 +425,10 @@ def purge_command(status: str, older_than: str) -> None:
     """
     age = parse_age(older_than)
     state = _state()
-    before = utcnow() - age
+    try:
+        before = utcnow() - age
+    except OverflowError:
+        raise click.ClickException(f"{older_than!r} is too long an age.") from None
     n = state.store.run_write(lambda conn: lifecycle.purge(conn, status, before))
     click.echo(f"Purged {n} {status} job(s).")
 
@@ -485,7 +494,7 @@ def enqueue_command(
 def _json_arg(flag: str, text: str, kind: type, name: str) -> Any:
     try:
         value = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise click.ClickException(f"{flag} is not valid JSON: {exc}") from None
     if not isinstance(value, kind):
         raise click.ClickException(f"{flag} must be a JSON {name}, got {text!r}.")
@@ -506,6 +515,7 @@ def db_upgrade_command(revision: str) -> None:
       flask queue db upgrade
     """
     state = _state(check_schema=False)
+    state._schema_ok = False  # re-check on next use in this process
     schema.upgrade(state.store.engine, revision)
     click.echo(f"Queue schema at {schema.current(state.store.engine)}.")
 
@@ -521,6 +531,7 @@ def db_downgrade_command(revision: str) -> None:
       flask queue db downgrade base
     """
     state = _state(check_schema=False)
+    state._schema_ok = False  # re-check on next use in this process
     schema.downgrade(state.store.engine, revision)
     click.echo(f"Queue schema at {schema.current(state.store.engine) or 'base (no tables)'}.")
 

@@ -127,8 +127,7 @@ class JobRow(Base):
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(255), unique=True)
 
     __table_args__ = (
-        # The claim: pending jobs in priority order, then run_at, then id.
-        sa.Index("ix_sqlqueue_jobs_claim", "status", sa.text("priority DESC"), "run_at", "id"),
+        # The claim index (pending jobs by priority DESC, run_at, id) is declared below.
         # The stale scan (running jobs by worker) and per-queue counts.
         sa.Index("ix_sqlqueue_jobs_status_worker", "status", "worker_id"),
         sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
@@ -169,3 +168,8 @@ class WorkerRow(Base):
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 effects: sa.Table = JobEffectRow.__table__  # type: ignore[assignment]
 workers: sa.Table = WorkerRow.__table__  # type: ignore[assignment]
+
+# The claim: pending jobs in priority order, then run_at, then id. Declared on the bound
+# columns so DESC is a column sort order that Alembic compares with the reflected index;
+# a text("priority DESC") expression shows up as a spurious difference on SQLite and MariaDB.
+sa.Index("ix_sqlqueue_jobs_claim", jobs.c.status, jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)

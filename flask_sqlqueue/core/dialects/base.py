@@ -8,6 +8,7 @@ subclass overrides only what its database does differently.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -20,6 +21,7 @@ from sqlalchemy.engine import Row
 
 from ...config import Settings
 from ..models import JobStatus
+from ..models import effects
 from ..models import jobs
 
 PENDING = JobStatus.PENDING.value
@@ -70,16 +72,35 @@ def claim_order(row: Row[Any]) -> tuple[int, datetime, int]:
     return (-row.priority, row.run_at, row.id)
 
 
+def insert_once(stmt: Any, conn: Connection, unique: sa.Column[Any]) -> int | None:
+    """``INSERT … ON CONFLICT DO NOTHING RETURNING id``: the new id, or ``None`` on a duplicate.
+
+    RETURNING rather than rowcount, which some drivers report as -1 here.
+    """
+    row = conn.execute(
+        stmt.on_conflict_do_nothing(index_elements=[unique]).returning(unique.table.c.id)
+    ).first()
+    return None if row is None else int(row[0])
+
+
 class DialectOps:
-    """The database-specific half of the queue. Subclasses set ``name``."""
+    """The database-specific half of the queue. Subclasses set ``name`` and ``insert``.
+
+    The defaults claim with one ``UPDATE … WHERE id IN (SELECT …) RETURNING`` and insert
+    once with ``ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL share.
+    """
 
     name: ClassVar[str]
+    #: The dialect's INSERT construct, which must offer ``on_conflict_do_nothing``.
+    insert: ClassVar[Callable[..., Any]]
+    #: Lock the candidate rows, skipping those another claimer holds.
+    skip_locked: ClassVar[bool] = False
 
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         """Install whatever connection set-up the database needs. Default: nothing."""
 
     def read_options(self) -> dict[str, Any]:
-        """Execution options that mark a connection as read-only for :meth:`configure_engine`."""
+        """Execution options that mark a transaction as read-only for :meth:`configure_engine`."""
         return {}
 
     def claim(
@@ -94,12 +115,25 @@ class DialectOps:
         tasks: Sequence[str],
     ) -> list[Any]:
         """Mark up to ``limit`` eligible jobs running for this worker and return them in order."""
-        raise NotImplementedError
+        candidates = claim_candidates(now, limit, queues, tasks)
+        if self.skip_locked:
+            candidates = candidates.with_for_update(skip_locked=True)
+        stmt = (
+            sa.update(jobs)
+            # Re-check the status: at READ COMMITTED the row may have moved on since the
+            # subquery's snapshot.
+            .where(jobs.c.id.in_(candidates.scalar_subquery()), jobs.c.status == PENDING)
+            .values(claim_values(worker_id, token, now))
+            .returning(*CLAIM_COLUMNS)
+        )
+        # RETURNING order is unspecified; restore the claim order.
+        return sorted(conn.execute(stmt).all(), key=claim_order)
 
     def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
         """Insert a job; return its id, or ``None`` if its idempotency key already exists."""
-        raise NotImplementedError
+        return insert_once(type(self).insert(jobs).values(values), conn, jobs.c.idempotency_key)
 
     def insert_effect(self, conn: Connection, key: str, job_id: int, now: datetime) -> bool:
         """Insert an effect key; ``False`` if it was reserved before."""
-        raise NotImplementedError
+        stmt = type(self).insert(effects).values(key=key, job_id=job_id, created_at=now)
+        return insert_once(stmt, conn, effects.c.key) is not None
