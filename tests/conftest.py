@@ -29,9 +29,7 @@ def make_app(database_uri: str, tmp_path: Path) -> Iterator[Any]:
     made: list[Flask] = []
 
     def make(config: dict[str, Any] | None = None, *, upgrade: bool = True) -> Flask:
-        app = sample_app.create_app(
-            {"SQLQUEUE_DATABASE_URI": database_uri, **(config or {})}
-        )
+        app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": database_uri, **(config or {})})
         app.instance_path = str(tmp_path / "instance")
         if upgrade:
             sample_app.queue.upgrade_database(app=app)
@@ -71,7 +69,9 @@ def flask_env(database_uri: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_flask(database_uri: str, *args: str, timeout: float = 120, **extra: str) -> subprocess.CompletedProcess[str]:
+def run_flask(
+    database_uri: str, *args: str, timeout: float = 120, **extra: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "flask", *args],
         env=flask_env(database_uri, **extra),
@@ -96,7 +96,9 @@ def leak_detector() -> Iterator[None]:
     deadline = time.monotonic() + 5
     alive: list[str] = []
     while time.monotonic() < deadline:
-        alive = [t.name for t in threading.enumerate() if t.name.startswith("sqlqueue-") and t.is_alive()]
+        alive = [
+            t.name for t in threading.enumerate() if t.name.startswith("sqlqueue-") and t.is_alive()
+        ]
         if not alive:
             break
         time.sleep(0.05)
