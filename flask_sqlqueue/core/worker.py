@@ -236,6 +236,11 @@ class Worker:
                 self._wake.clear()
                 continue
             self._wake.clear()
+            with self._lock:
+                # Read before claiming (and after clearing the wake-up): a job that ends
+                # after an empty claim may have gone back to pending, eligible now, so a
+                # burst must claim once more.
+                idle = not self._running
             try:
                 rows = self._claim(free)
             except sa.exc.OperationalError as exc:
@@ -246,11 +251,8 @@ class Worker:
                 inbox.put(row)
             if rows:
                 continue
-            if burst:
-                with self._lock:
-                    idle = not self._running
-                if idle:
-                    return
+            if burst and idle:
+                return
             self._wake.wait(poll)
 
     def _claim(self, limit: int) -> list[Any]:
