@@ -19,6 +19,7 @@ from flask import Flask
 from flask import current_app
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.orm import scoped_session
 
 from . import schema
 from .config import DEFAULTS
@@ -56,7 +57,9 @@ class _State:
     def ensure_schema(self) -> None:
         """Check once per process that the tables exist and are current."""
         if not self._schema_ok:
-            schema.check(self.store.engine)
+            # A read transaction: on SQLite a write one (BEGIN IMMEDIATE) would wait for,
+            # and time out on, a caller's session= transaction that already wrote.
+            schema.check(self.store.read_engine)
             self._schema_ok = True
 
     def eager_worker(self, app: Flask) -> Worker:
@@ -183,7 +186,7 @@ class SQLQueue:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
-        session: Session | Connection | None = None,
+        session: Session | scoped_session[Any] | Connection | None = None,
     ) -> Job:
         """Enqueue a task by name, for code that does not import it.
 

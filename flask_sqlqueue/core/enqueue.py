@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.orm import scoped_session
 
 from .models import JobStatus
 
@@ -28,7 +29,7 @@ class EnqueueOptions:
     run_at: datetime | None = None
     max_attempts: int | None = None
     idempotency_key: str | None = None
-    session: Session | Connection | None = None
+    session: Session | scoped_session[Any] | Connection | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -51,9 +52,12 @@ class EnqueueOptions:
         key = self.idempotency_key
         if key is not None:
             check_key(key, "idempotency_key")
-        if self.session is not None and not isinstance(self.session, Session | Connection):
+        if self.session is not None and not isinstance(
+            self.session, Session | scoped_session | Connection
+        ):
             raise TypeError(
-                f"session must be a SQLAlchemy Session or Connection, got {self.session!r}."
+                "session must be a SQLAlchemy Session (or a scoped_session such as "
+                f"Flask-SQLAlchemy's db.session) or Connection, got {self.session!r}."
             )
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:

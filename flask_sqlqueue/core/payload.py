@@ -20,25 +20,30 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=F
 _loads = json.loads
 
 
-def check(value: object, path: str) -> None:
+def check(value: object, path: str, _parents: frozenset[int] = frozenset()) -> None:
     """Raise :class:`PayloadError` naming the first value below ``path`` that is not plain JSON."""
     kind = type(value)
     if value is None or kind is bool or kind is int:
         return
+    if (kind is list or kind is dict) and id(value) in _parents:
+        # Without this a list that contains itself recurses until RecursionError.
+        raise PayloadValueError(path, value, "contains itself (a circular reference)")
     if kind is str:
         _check_str(value, path)  # type: ignore[arg-type]
     elif kind is float:
         if not math.isfinite(value):  # type: ignore[arg-type]
             raise PayloadValueError(path, value, "is not a finite number (JSON has no NaN)")
     elif kind is list:
+        parents = _parents | {id(value)}
         for i, item in enumerate(cast("list[Any]", value)):
-            check(item, f"{path}[{i}]")
+            check(item, f"{path}[{i}]", parents)
     elif kind is dict:
+        parents = _parents | {id(value)}
         for key, item in cast("dict[Any, Any]", value).items():
             if type(key) is not str:
                 raise PayloadError(f"{path} key", key, "is not a string (JSON keys are strings)")
             _check_str(key, f"{path} key")
-            check(item, f"{path}[{key!r}]")
+            check(item, f"{path}[{key!r}]", parents)
     elif kind is tuple:
         raise PayloadError(path, value, "is a tuple, which JSON returns as a list; pass a list")
     else:

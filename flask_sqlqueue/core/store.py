@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
+from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
 from .dialects import DialectOps
@@ -100,6 +101,9 @@ class Store:
             now=utcnow(),
         )
         target = options.session
+        if isinstance(target, scoped_session):
+            # Flask-SQLAlchemy's db.session: write in the session of the current scope.
+            target = target()
         if target is None:
             with self.write() as conn:
                 job = self._insert(conn, values)

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
+from sqlalchemy.orm import scoped_session
 
 from ..exceptions import DuplicateTask
 from .enqueue import EnqueueOptions
@@ -82,7 +83,7 @@ class Task(Generic[P, R]):
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
-        session: Session | Connection | None = None,
+        session: Session | scoped_session[Any] | Connection | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 

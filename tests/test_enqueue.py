@@ -1,0 +1,673 @@
+"""Producing jobs through the extension, on real SQLite files.
+
+The tests use their own ``sq_app``/``ctx`` fixtures rather than conftest's ``app``/``app_ctx``:
+pytest-flask pushes a request context for any test that asks for a fixture named ``app``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
+from datetime import timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy.orm import Session
+from sqlalchemy.orm import scoped_session
+from sqlalchemy.orm import sessionmaker
+
+from flask_sqlqueue import ConfigurationError
+from flask_sqlqueue import DuplicateTask
+from flask_sqlqueue import Job
+from flask_sqlqueue import JobStatus
+from flask_sqlqueue import SQLQueue
+from tests import sample_app
+
+
+@pytest.fixture
+def sq_app(make_app: Any) -> Flask:
+    return make_app()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def ctx(sq_app: Flask) -> Iterator[Flask]:
+    with sq_app.app_context():
+        yield sq_app
+
+
+@pytest.fixture
+def engine(database_uri: str) -> Iterator[sa.Engine]:
+    """An engine of the app's own, separate from the queue's, on the queue's database file."""
+    engine = sa.create_engine(database_uri)
+    yield engine
+    engine.dispose()
+
+
+def _db_path(database_uri: str) -> Path:
+    return Path(database_uri.removeprefix("sqlite:///"))
+
+
+def _rows(database_uri: str, sql: str = "SELECT * FROM sqlqueue_jobs ORDER BY id") -> list[Any]:
+    """Query the file on a fresh connection: sees exactly what has been committed."""
+    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn:
+        conn.row_factory = sqlite3.Row
+        return conn.execute(sql).fetchall()
+
+
+def _count(database_uri: str) -> int:
+    return len(_rows(database_uri))
+
+
+def _new_app(tmp_path: Path, name: str, **config: Any) -> Flask:
+    app = Flask(name, instance_path=str(tmp_path / f"{name}-instance"))
+    app.config.update(config)
+    return app
+
+
+def _dispose(*apps: Flask) -> None:
+    for app in apps:
+        state = app.extensions.get("sqlqueue")
+        if state is not None:
+            state.store.engine.dispose()
+
+
+# -- enqueue and the Job it returns ----------------------------------------------------------------
+
+
+def test_enqueue_returns_a_committed_job(ctx: Flask, database_uri: str) -> None:
+    before = datetime.now(UTC)
+    job = sample_app.add.enqueue(2, 3)
+    after = datetime.now(UTC)
+
+    assert isinstance(job, Job)
+    assert isinstance(job.id, int)
+    assert (job.queue, job.task, job.args, job.kwargs) == (
+        "default",
+        "tests.sample_app.add",
+        [2, 3],
+        {},
+    )
+    assert job.status is JobStatus.PENDING
+    assert (job.attempts, job.max_attempts, job.priority) == (0, 5, 0)
+    assert job.started_at is job.finished_at is job.worker_id is job.last_error is None
+    assert job.result is None and job.idempotency_key is None
+    assert before <= job.created_at <= after
+    assert job.run_at == job.created_at == job.updated_at
+
+    # Committed: another connection, opened after enqueue returned, sees the row.
+    (row,) = _rows(database_uri)
+    assert row["id"] == job.id
+    assert row["task"] == "tests.sample_app.add"
+    assert row["status"] == "pending"
+    assert row["payload"] == '{"args":[2,3],"kwargs":{}}'
+
+
+def test_task_names(queue: SQLQueue) -> None:
+    assert sample_app.add.name == "tests.sample_app.add"
+    assert sample_app.report.name == "tests.sample_app.report"
+    assert sample_app.echo.name == "echo"  # @queue.task(name="echo")
+    assert queue.registry["echo"] is sample_app.echo
+    assert queue.registry["tests.sample_app.add"] is sample_app.add
+    assert sample_app.add.__name__ == "add"  # still looks like the function
+
+
+def test_calling_a_task_runs_it_inline_and_writes_nothing(ctx: Flask, database_uri: str) -> None:
+    assert sample_app.add(2, 3) == 5
+    assert sample_app.echo(1, k="v") == {"args": [1], "kwargs": {"k": "v"}}
+    with pytest.raises(RuntimeError, match="boom"):
+        sample_app.always_fails("boom")
+    assert _count(database_uri) == 0
+
+
+def test_calling_a_task_needs_no_app_context() -> None:
+    assert sample_app.report(4) == "report 4"
+
+
+def test_task_defaults_are_stored(ctx: Flask, database_uri: str) -> None:
+    job = sample_app.report.enqueue(11)
+    (row,) = _rows(database_uri)
+    assert (job.queue, job.priority, job.max_attempts) == ("reports", 3, 7)
+    assert (row["queue"], row["priority"], row["max_attempts"]) == ("reports", 3, 7)
+
+
+def test_using_stores_every_option(ctx: Flask, queue: SQLQueue, database_uri: str) -> None:
+    job = sample_app.add.using(
+        queue="mail", priority=-4, max_attempts=2, idempotency_key="order-17"
+    ).enqueue(1, b=2)
+
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert (stored.queue, stored.priority, stored.max_attempts) == ("mail", -4, 2)
+    assert stored.idempotency_key == "order-17"
+    assert (stored.args, stored.kwargs) == ([1], {"b": 2})
+    (row,) = _rows(database_uri)
+    assert (row["queue"], row["priority"], row["max_attempts"], row["idempotency_key"]) == (
+        "mail",
+        -4,
+        2,
+        "order-17",
+    )
+
+
+def test_using_overrides_only_what_it_sets(ctx: Flask, queue: SQLQueue) -> None:
+    job = sample_app.report.using(priority=9).enqueue(1)
+    assert (job.queue, job.priority, job.max_attempts) == ("reports", 9, 7)
+    job = sample_app.report.using(queue="urgent", max_attempts=1).enqueue(2)
+    assert (job.queue, job.priority, job.max_attempts) == ("urgent", 3, 1)
+    # .using() made new options: the task's own defaults are unchanged.
+    assert sample_app.report.enqueue(3).priority == 3
+
+
+@pytest.mark.parametrize(
+    ("delay", "expected"),
+    [
+        (30, timedelta(seconds=30)),
+        (1.5, timedelta(seconds=1.5)),
+        (timedelta(minutes=5), timedelta(minutes=5)),
+        (0, timedelta(0)),
+    ],
+    ids=["int", "float", "timedelta", "zero"],
+)
+def test_delay_pushes_run_at(
+    ctx: Flask, queue: SQLQueue, delay: float | timedelta, expected: timedelta
+) -> None:
+    before = datetime.now(UTC)
+    job = sample_app.add.using(delay=delay).enqueue(1, 1)
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.run_at - stored.created_at == expected
+    assert before + expected <= stored.run_at <= datetime.now(UTC) + expected
+
+
+def test_run_at_is_stored_as_utc(ctx: Flask, queue: SQLQueue, database_uri: str) -> None:
+    plus_two = timezone(timedelta(hours=2))
+    when = datetime(2031, 6, 1, 12, 30, 15, 250000, tzinfo=plus_two)
+
+    job = sample_app.add.using(run_at=when).enqueue(1, 1)
+
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.run_at == when
+    assert stored.run_at.utcoffset() == timedelta(0)
+    assert stored.run_at.hour == 10
+    (row,) = _rows(database_uri)
+    assert row["run_at"] == "2031-06-01 10:30:15.250000"
+
+
+def test_timestamps_are_aware_utc(ctx: Flask, queue: SQLQueue) -> None:
+    job = sample_app.add.enqueue(1, 1)
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    for one in (job, stored):
+        for stamp in (one.run_at, one.created_at, one.updated_at):
+            assert stamp.tzinfo is not None
+            assert stamp.utcoffset() == timedelta(0)
+    assert stored.created_at == job.created_at
+
+
+REFUSED_OPTIONS: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("naive run_at", {"run_at": datetime(2031, 1, 1)}, ValueError, "timezone"),
+    (
+        "delay and run_at",
+        {"delay": 5, "run_at": datetime(2031, 1, 1, tzinfo=UTC)},
+        ValueError,
+        "delay or run_at",
+    ),
+    ("negative delay", {"delay": -1}, ValueError, "delay=-1"),
+    ("negative timedelta", {"delay": timedelta(seconds=-5)}, ValueError, "delay="),
+    ("nan delay", {"delay": float("nan")}, ValueError, "delay=nan"),
+    ("string delay", {"delay": "5"}, TypeError, "delay='5'"),
+    ("queue with a space", {"queue": "bad name"}, ValueError, "queue='bad name'"),
+    ("empty queue", {"queue": ""}, ValueError, "queue=''"),
+    ("bool priority", {"priority": True}, TypeError, "priority=True"),
+    ("float priority", {"priority": 1.5}, TypeError, "priority=1.5"),
+    ("max_attempts 0", {"max_attempts": 0}, ValueError, "max_attempts=0"),
+    ("empty idempotency key", {"idempotency_key": ""}, ValueError, "idempotency_key=''"),
+    ("session of the wrong type", {"session": "db"}, TypeError, "session must be"),
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [case[1:] for case in REFUSED_OPTIONS],
+    ids=[case[0] for case in REFUSED_OPTIONS],
+)
+def test_bad_options_are_refused_and_nothing_is_written(
+    ctx: Flask,
+    queue: SQLQueue,
+    database_uri: str,
+    options: dict[str, Any],
+    error: type[Exception],
+    match: str,
+) -> None:
+    with pytest.raises(error, match=match):
+        sample_app.add.using(**options).enqueue(1, 2)
+    with pytest.raises(error, match=match):
+        queue.enqueue("tests.sample_app.add", args=[1, 2], **options)
+    assert _count(database_uri) == 0
+
+
+def test_bad_options_on_the_decorator_are_refused(queue: SQLQueue) -> None:
+    fresh = SQLQueue()
+    with pytest.raises(ValueError, match="max_attempts=0"):
+        fresh.task(max_attempts=0)
+    with pytest.raises(TypeError, match="priority=False"):
+        fresh.task(priority=False)
+    with pytest.raises(ValueError, match="queue='no/slashes'"):
+        fresh.task(queue="no/slashes")
+    assert len(fresh.registry) == 0
+
+
+# -- enqueue by name -------------------------------------------------------------------------------
+
+
+def test_enqueue_by_name_uses_the_registered_defaults(
+    ctx: Flask, queue: SQLQueue, database_uri: str
+) -> None:
+    job = queue.enqueue("tests.sample_app.report", args=[9])
+    assert (job.task, job.queue, job.priority, job.max_attempts) == (
+        "tests.sample_app.report",
+        "reports",
+        3,
+        7,
+    )
+    assert (job.args, job.kwargs) == ([9], {})
+
+    job = queue.enqueue("tests.sample_app.report", kwargs={"report_id": 10}, priority=1)
+    assert (job.queue, job.priority, job.max_attempts) == ("reports", 1, 7)
+    assert (job.args, job.kwargs) == ([], {"report_id": 10})
+    assert [(r["queue"], r["priority"]) for r in _rows(database_uri)] == [
+        ("reports", 3),
+        ("reports", 1),
+    ]
+
+
+def test_enqueue_by_an_unregistered_name_is_stored_pending(
+    ctx: Flask, queue: SQLQueue, database_uri: str
+) -> None:
+    job = queue.enqueue("billing.tasks.charge", args=[1, "eur"], kwargs={"retry": False})
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.task == "billing.tasks.charge"
+    assert stored.status is JobStatus.PENDING
+    assert (stored.queue, stored.priority, stored.max_attempts) == ("default", 0, 5)
+    assert (stored.args, stored.kwargs) == ([1, "eur"], {"retry": False})
+    assert _count(database_uri) == 1
+
+
+def test_enqueue_by_name_refuses_bad_arguments(
+    ctx: Flask, queue: SQLQueue, database_uri: str
+) -> None:
+    with pytest.raises(TypeError, match="args must be a list"):
+        queue.enqueue("echo", args="abc")
+    with pytest.raises(TypeError, match="kwargs must be a dict"):
+        queue.enqueue("echo", kwargs=[("a", 1)])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Task name"):
+        queue.enqueue("")
+    assert _count(database_uri) == 0
+
+
+def test_unregistered_name_uses_the_configured_max_attempts(make_app: Any) -> None:
+    app = make_app({"SQLQUEUE_MAX_ATTEMPTS": 12})
+    with app.app_context():
+        assert sample_app.queue.enqueue("not.here").max_attempts == 12
+        assert sample_app.add.enqueue(1, 1).max_attempts == 12
+        assert sample_app.report.enqueue(1).max_attempts == 7  # the task's own wins
+
+
+# -- idempotency -----------------------------------------------------------------------------------
+
+
+def test_same_idempotency_key_returns_the_same_job(
+    ctx: Flask, queue: SQLQueue, database_uri: str
+) -> None:
+    first = sample_app.add.using(idempotency_key="webhook-42").enqueue(1, 2)
+    second = sample_app.add.using(idempotency_key="webhook-42").enqueue(3, 4)
+    by_name = queue.enqueue("tests.sample_app.add", args=[5, 6], idempotency_key="webhook-42")
+
+    assert first.id == second.id == by_name.id
+    assert second.args == by_name.args == [1, 2]  # the existing job, not the new arguments
+    assert _count(database_uri) == 1
+
+    other = sample_app.add.using(idempotency_key="webhook-43").enqueue(1, 2)
+    assert other.id != first.id
+    assert _count(database_uri) == 2
+
+
+# -- transactional enqueue -------------------------------------------------------------------------
+
+
+def test_session_job_exists_only_after_commit(
+    ctx: Flask, queue: SQLQueue, engine: sa.Engine, database_uri: str
+) -> None:
+    with Session(engine) as session:
+        job = sample_app.add.using(session=session).enqueue(1, 2)
+        assert session.in_transaction()
+        assert queue.get_job(job.id) is None
+        assert _count(database_uri) == 0
+        session.commit()
+
+    stored = queue.get_job(job.id)
+    assert stored is not None
+    assert (stored.task, stored.args) == ("tests.sample_app.add", [1, 2])
+    assert _count(database_uri) == 1
+
+
+def test_session_job_vanishes_on_rollback(
+    ctx: Flask, queue: SQLQueue, engine: sa.Engine, database_uri: str
+) -> None:
+    with Session(engine) as session:
+        job = queue.enqueue("echo", args=["rolled back"], session=session)
+        session.rollback()
+    assert queue.get_job(job.id) is None
+    assert _count(database_uri) == 0
+
+    # The app's own writes and the job share one transaction.
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
+    with Session(engine) as session:
+        session.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
+        sample_app.echo.using(session=session).enqueue("order 1")
+        session.rollback()
+    assert _count(database_uri) == 0
+    assert _rows(database_uri, "SELECT * FROM orders") == []
+
+
+def test_connection_job_exists_only_after_commit(
+    ctx: Flask, queue: SQLQueue, engine: sa.Engine, database_uri: str
+) -> None:
+    with engine.connect() as conn:
+        conn.begin()
+        kept = sample_app.add.using(session=conn).enqueue(1, 1)
+        assert queue.get_job(kept.id) is None
+        conn.commit()
+    assert queue.get_job(kept.id) is not None
+
+    with engine.connect() as conn:
+        conn.begin()
+        dropped = sample_app.add.using(session=conn).enqueue(2, 2)
+        conn.rollback()
+    assert queue.get_job(dropped.id) is None
+    assert [row["id"] for row in _rows(database_uri)] == [kept.id]
+
+
+def test_session_idempotency_key_inside_the_transaction(
+    ctx: Flask, queue: SQLQueue, engine: sa.Engine, database_uri: str
+) -> None:
+    committed = sample_app.add.using(idempotency_key="k").enqueue(1, 1)
+    with Session(engine) as session:
+        again = sample_app.add.using(idempotency_key="k", session=session).enqueue(2, 2)
+        twice = sample_app.add.using(idempotency_key="new", session=session).enqueue(3, 3)
+        thrice = sample_app.add.using(idempotency_key="new", session=session).enqueue(4, 4)
+        session.commit()
+    assert again.id == committed.id
+    assert twice.id == thrice.id
+    assert _count(database_uri) == 2
+
+
+def test_session_on_the_same_file_by_another_path_is_accepted(
+    ctx: Flask, queue: SQLQueue, tmp_path: Path
+) -> None:
+    (tmp_path / "sub").mkdir()
+    other_spelling = sa.create_engine(f"sqlite:///{tmp_path / 'sub' / '..' / 'queue.db'}")
+    try:
+        with Session(other_spelling) as session:
+            job = sample_app.add.using(session=session).enqueue(1, 1)
+            session.commit()
+    finally:
+        other_spelling.dispose()
+    assert queue.get_job(job.id) is not None
+
+
+def test_session_on_another_database_is_refused(
+    ctx: Flask, queue: SQLQueue, tmp_path: Path, database_uri: str
+) -> None:
+    other_uri = f"sqlite:///{tmp_path / 'app.db'}"
+    other = sa.create_engine(other_uri)
+    try:
+        with Session(other) as session:
+            session.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
+            with pytest.raises(ValueError, match="session= must be bound to the queue's own"):
+                sample_app.add.using(session=session).enqueue(1, 2)
+            with pytest.raises(ValueError, match=r"app\.db"):
+                queue.enqueue("echo", session=session)
+            session.commit()
+        with other.connect() as conn:
+            with pytest.raises(ValueError, match="queue's own database"):
+                sample_app.add.using(session=conn).enqueue(1, 2)
+            tables = sa.inspect(conn).get_table_names()
+    finally:
+        other.dispose()
+    assert tables == ["orders"]
+    assert _count(database_uri) == 0
+
+
+def test_scoped_session_writes_in_the_current_session(
+    ctx: Flask, queue: SQLQueue, engine: sa.Engine, database_uri: str
+) -> None:
+    # Flask-SQLAlchemy's db.session is a scoped_session, not a Session.
+    scoped = scoped_session(sessionmaker(engine))
+    try:
+        job = sample_app.add.using(session=scoped).enqueue(1, 2)
+        assert scoped().in_transaction()
+        assert queue.get_job(job.id) is None
+        scoped.commit()
+        assert queue.get_job(job.id) is not None
+
+        dropped = queue.enqueue("echo", args=["x"], session=scoped)
+        scoped.rollback()
+        assert queue.get_job(dropped.id) is None
+    finally:
+        scoped.remove()
+    assert [row["id"] for row in _rows(database_uri)] == [job.id]
+
+
+def test_flask_sqlalchemy_db_session(make_app: Any, database_uri: str) -> None:
+    app = make_app({"SQLALCHEMY_DATABASE_URI": database_uri})
+    db = SQLAlchemy(app)
+    try:
+        with app.app_context():
+            job = sample_app.add.using(session=db.session).enqueue(1, 2)
+            assert sample_app.queue.get_job(job.id) is None
+            db.session.commit()
+            assert sample_app.queue.get_job(job.id) is not None
+
+            dropped = sample_app.queue.enqueue("echo", args=["x"], session=db.session)
+            assert sample_app.queue.get_job(dropped.id) is None
+            db.session.rollback()
+        with app.app_context():
+            assert sample_app.queue.get_job(dropped.id) is None
+    finally:
+        with app.app_context():
+            db.engine.dispose()
+    assert [row["id"] for row in _rows(database_uri)] == [job.id]
+
+
+# -- reading jobs ----------------------------------------------------------------------------------
+
+
+def test_get_job_of_an_unknown_id_is_none(ctx: Flask, queue: SQLQueue) -> None:
+    assert queue.get_job(1) is None
+    job = sample_app.add.enqueue(1, 1)
+    assert queue.get_job(job.id + 1) is None
+    assert queue.get_job(-5) is None
+    assert queue.get_job(2**62) is None
+
+
+def test_refresh_rereads_the_row(ctx: Flask, database_uri: str) -> None:
+    job = sample_app.add.enqueue(1, 1)
+    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn, conn:
+        conn.execute(
+            "UPDATE sqlqueue_jobs SET status = 'cancelled', priority = 42, attempts = 2 "
+            "WHERE id = ?",
+            (job.id,),
+        )
+    assert job.status is JobStatus.PENDING  # a snapshot, not live
+
+    assert job.refresh() is job
+    assert (job.status, job.priority, job.attempts) == (JobStatus.CANCELLED, 42, 2)
+
+    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn, conn:
+        conn.execute("DELETE FROM sqlqueue_jobs WHERE id = ?", (job.id,))
+    with pytest.raises(LookupError, match=f"Job {job.id}"):
+        job.refresh()
+
+
+# -- app context and wiring ------------------------------------------------------------------------
+
+
+def test_producing_outside_an_app_context_is_refused(
+    sq_app: Flask, queue: SQLQueue, database_uri: str
+) -> None:
+    with pytest.raises(RuntimeError, match="app context"):
+        sample_app.add.enqueue(1, 2)
+    with pytest.raises(RuntimeError, match="app context"):
+        sample_app.add.using(priority=1).enqueue(1, 2)
+    with pytest.raises(RuntimeError, match="app context"):
+        queue.enqueue("echo")
+    with pytest.raises(RuntimeError, match="app context"):
+        queue.get_job(1)
+    assert _count(database_uri) == 0
+
+
+def test_app_passed_to_the_constructor(tmp_path: Path) -> None:
+    app = _new_app(tmp_path, "ctor", SQLQUEUE_DATABASE_URI=f"sqlite:///{tmp_path / 'ctor.db'}")
+    queue = SQLQueue(app)
+
+    @queue.task
+    def ping() -> str:
+        return "pong"
+
+    try:
+        assert app.extensions["sqlqueue"].queue is queue
+        assert "queue" in app.cli.commands
+        queue.upgrade_database(app=app)
+        with app.app_context():
+            job = ping.enqueue()
+            stored = queue.get_job(job.id)
+        assert stored is not None
+        assert stored.task == f"{__name__}.test_app_passed_to_the_constructor.<locals>.ping"
+    finally:
+        _dispose(app)
+
+
+def test_init_app_twice_on_one_app_is_refused(make_app: Any, queue: SQLQueue) -> None:
+    app = make_app()
+    state = app.extensions["sqlqueue"]
+    with pytest.raises(ConfigurationError, match="already set up"):
+        queue.init_app(app)
+    with pytest.raises(ConfigurationError, match="already set up"):
+        SQLQueue().init_app(app)
+    assert app.extensions["sqlqueue"] is state
+
+
+def test_state_of_an_app_without_the_queue_is_refused(tmp_path: Path, queue: SQLQueue) -> None:
+    app = _new_app(tmp_path, "bare")
+    with app.app_context(), pytest.raises(RuntimeError, match="init_app"):
+        queue.get_job(1)
+
+
+def test_duplicate_task_names_are_refused() -> None:
+    queue = SQLQueue()
+
+    @queue.task(name="mail.send")
+    def send() -> None: ...
+
+    with pytest.raises(DuplicateTask, match=r"'mail\.send'"):
+
+        @queue.task(name="mail.send")
+        def send_again() -> None: ...
+
+    def ping() -> None: ...
+
+    queue.task(ping)
+    with pytest.raises(DuplicateTask, match="ping"):
+        queue.task(ping)
+
+    assert issubclass(DuplicateTask, ConfigurationError)
+    assert queue.registry["mail.send"].fn is send.fn
+    assert len(queue.registry) == 2
+
+
+def test_one_queue_serves_two_apps_on_two_databases(tmp_path: Path, queue: SQLQueue) -> None:
+    uri_a = f"sqlite:///{tmp_path / 'a.db'}"
+    uri_b = f"sqlite:///{tmp_path / 'b.db'}"
+    app_a = sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri_a})
+    app_b = sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri_b})
+    try:
+        queue.upgrade_database(app=app_a)
+        queue.upgrade_database(app=app_b)
+        with app_a.app_context():
+            in_a = sample_app.add.enqueue(1, 1)
+        with app_b.app_context():
+            in_b = [sample_app.echo.enqueue("b1"), sample_app.echo.enqueue("b2")]
+            assert queue.get_job(in_b[1].id) is not None
+
+        with app_a.app_context():
+            again = queue.get_job(in_a.id)
+            assert again is not None and again.task == "tests.sample_app.add"
+            assert queue.get_job(in_b[1].id) is None
+        with app_b.app_context():
+            first = queue.get_job(in_a.id)
+            assert first is not None and first.task == "echo"  # B's own job 1
+        assert queue.state(app_a) is not queue.state(app_b)
+    finally:
+        _dispose(app_a, app_b)
+    assert [r["task"] for r in _rows(uri_a)] == ["tests.sample_app.add"]
+    assert [r["task"] for r in _rows(uri_b)] == ["echo", "echo"]
+
+
+def test_database_defaults_to_a_file_in_the_instance_folder(tmp_path: Path) -> None:
+    instance = tmp_path / "instance-default"
+    app = Flask("default_db", instance_path=str(instance))
+    queue = SQLQueue()
+
+    @queue.task
+    def ping() -> None: ...
+
+    assert not instance.exists()
+    queue.init_app(app)
+    try:
+        assert app.config["SQLQUEUE_DATABASE_URI"] is None
+        uri = queue.state(app).settings.database_uri
+        assert uri == f"sqlite:///{instance / 'sqlqueue.db'}"
+        queue.upgrade_database(app=app)
+        with app.app_context():
+            job = ping.enqueue()
+    finally:
+        _dispose(app)
+    assert (instance / "sqlqueue.db").is_file()
+    assert [r["id"] for r in _rows(uri)] == [job.id]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("SQLQUEUE_MAX_ATTEMPTS", 0),
+        ("SQLQUEUE_MAX_ATTEMPTS", "abc"),
+        ("SQLQUEUE_MAX_ATTEMPTS", 2.5),
+        ("SQLQUEUE_MAX_ATTEMPTS", True),
+        ("SQLQUEUE_BACKOFF_BASE", -1),
+        ("SQLQUEUE_BACKOFF_CAP", "1h"),
+        ("SQLQUEUE_BACKOFF_JITTER", None),
+        ("SQLQUEUE_STALE_AFTER", 0),
+        ("SQLQUEUE_ENGINE_OPTIONS", "pool_size=5"),
+        ("SQLQUEUE_DATABASE_URI", 5),
+        ("SQLQUEUE_SQLITE_SYNCHRONOUS", "SLOW"),
+        ("SQLQUEUE_SQLITE_BUSY_TIMEOUT", -1),
+    ],
+)
+def test_bad_config_values_name_the_key(tmp_path: Path, key: str, value: Any) -> None:
+    app = _new_app(tmp_path, "badconfig", SQLQUEUE_DATABASE_URI=f"sqlite:///{tmp_path / 'q.db'}")
+    app.config[key] = value
+    with pytest.raises(ConfigurationError, match=key):
+        SQLQueue().init_app(app)
+    assert "sqlqueue" not in app.extensions  # nothing half set up: fix the config and retry

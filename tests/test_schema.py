@@ -1,0 +1,356 @@
+"""The queue's schema: the start-up check, its own Alembic history, and SQLite's settings.
+
+The tests use their own fixtures rather than conftest's ``app``/``app_ctx``: pytest-flask
+pushes a request context for any test that asks for a fixture named ``app``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from flask import Flask
+
+from flask_sqlqueue import SchemaError
+from flask_sqlqueue import schema
+from flask_sqlqueue.core.enqueue import EnqueueOptions
+from flask_sqlqueue.core.models import VERSION_TABLE
+from flask_sqlqueue.core.models import metadata
+from flask_sqlqueue.core.store import Store
+from tests import sample_app
+
+QUEUE_TABLES = {"sqlqueue_jobs", "sqlqueue_job_effects", "sqlqueue_workers"}
+HINT = "flask queue db upgrade"
+EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'
+
+
+def _db_path(database_uri: str) -> Path:
+    return Path(database_uri.removeprefix("sqlite:///"))
+
+
+def _sql(database_uri: str, sql: str) -> list[tuple[Any, ...]]:
+    """Run ``sql`` on a fresh connection of its own and commit."""
+    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn, conn:
+        return conn.execute(sql).fetchall()
+
+
+def _tables(database_uri: str) -> set[str]:
+    return {
+        name
+        for (name,) in _sql(database_uri, "SELECT name FROM sqlite_master WHERE type = 'table'")
+    }
+
+
+def _store(app: Flask) -> Store:
+    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
+
+
+def _assert_refused_with(app: Flask, *fragments: str) -> None:
+    """Producing and reading both fail with a SchemaError containing every fragment."""
+    with app.app_context():
+        with pytest.raises(SchemaError) as producing:
+            sample_app.add.enqueue(1, 2)
+        with pytest.raises(SchemaError) as reading:
+            sample_app.queue.get_job(1)
+    for error in (producing.value, reading.value):
+        for fragment in fragments:
+            assert fragment in str(error)
+
+
+# -- the start-up check -------------------------------------------------------------------------
+
+
+def test_missing_schema_says_how_to_create_it(make_app: Any, database_uri: str) -> None:
+    app = make_app(upgrade=False)
+
+    _assert_refused_with(app, "do not exist", HINT)
+
+    assert not _tables(database_uri) & (QUEUE_TABLES | {VERSION_TABLE})  # the check wrote nothing
+    sample_app.queue.upgrade_database(app=app)
+    with app.app_context():
+        assert sample_app.add.enqueue(1, 2).id == 1
+
+
+def test_downgraded_schema_says_how_to_upgrade(make_app: Any, database_uri: str) -> None:
+    upgraded = make_app()
+    schema.downgrade(_store(upgraded).engine, "base")
+    assert VERSION_TABLE in _tables(database_uri)  # the version table stays, empty
+
+    _assert_refused_with(make_app(upgrade=False), HINT)
+
+
+@pytest.fixture
+def newer_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This package with a second migration, as the next release will have one."""
+    scripts = tmp_path / "scripts"
+    shutil.copytree(schema.migrations_dir(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "0002_probe.py").write_text(
+        '"""A probe revision.\n\nRevision ID: 0002\nRevises: 0001\n"""\n\n'
+        "from __future__ import annotations\n\n"
+        "import sqlalchemy as sa\n"
+        "from alembic import op\n\n"
+        'revision = "0002"\n'
+        'down_revision = "0001"\n'
+        "branch_labels = None\n"
+        "depends_on = None\n\n\n"
+        "def upgrade() -> None:\n"
+        '    op.create_table("sqlqueue_probe", sa.Column("id", sa.Integer, primary_key=True))\n\n\n'
+        "def downgrade() -> None:\n"
+        '    op.drop_table("sqlqueue_probe")\n'
+    )
+    schema.head.cache_clear()
+    monkeypatch.setattr(schema, "migrations_dir", lambda: scripts)
+    yield
+    monkeypatch.undo()
+    schema.head.cache_clear()
+
+
+def test_older_schema_says_how_to_upgrade(
+    make_app: Any, database_uri: str, newer_package: None
+) -> None:
+    assert schema.head() == "0002"
+    app = make_app(upgrade=False)
+    schema.upgrade(_store(app).engine, "0001")  # what the previous release created
+
+    _assert_refused_with(app, "revision 0001", "older", "(0002)", HINT)
+
+    sample_app.queue.upgrade_database(app=app)
+    assert schema.current(_store(app).engine) == "0002"
+    assert "sqlqueue_probe" in _tables(database_uri)
+    with app.app_context():
+        assert sample_app.add.enqueue(1, 2).id == 1
+
+
+def test_unknown_revision_says_to_upgrade_the_package(make_app: Any, database_uri: str) -> None:
+    make_app()
+    _sql(database_uri, f"UPDATE {VERSION_TABLE} SET version_num = 'f00dcafe'")
+
+    app = make_app(upgrade=False)
+    # A revision this release does not know was written by a newer release: running this
+    # release's `db upgrade` cannot help, so the message must not suggest it.
+    _assert_refused_with(app, "f00dcafe", "newer", "upgrade the flask-sqlqueue package")
+    with app.app_context(), pytest.raises(SchemaError) as info:
+        sample_app.add.enqueue(1, 2)
+    assert HINT not in str(info.value)
+
+
+# -- the queue's own Alembic history ----------------------------------------------------------
+
+
+def test_upgrade_downgrade_upgrade_leaves_the_apps_alembic_alone(
+    make_app: Any, database_uri: str
+) -> None:
+    _sql(database_uri, "CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)")
+    _sql(database_uri, "INSERT INTO alembic_version VALUES ('app_rev_7')")
+    _sql(database_uri, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    _sql(database_uri, "INSERT INTO users VALUES (1, 'ada')")
+    app = make_app(upgrade=False)
+    engine = _store(app).engine
+    assert schema.current(engine) is None
+
+    sample_app.queue.upgrade_database(app=app)
+    assert _tables(database_uri) == QUEUE_TABLES | {VERSION_TABLE, "alembic_version", "users"}
+    assert _sql(database_uri, f"SELECT version_num FROM {VERSION_TABLE}") == [(schema.head(),)]
+    assert schema.current(engine) == schema.head()
+    with app.app_context():
+        sample_app.add.enqueue(1, 2)
+
+    schema.downgrade(engine, "base")
+    assert _tables(database_uri) == {VERSION_TABLE, "alembic_version", "users"}
+    assert _sql(database_uri, f"SELECT version_num FROM {VERSION_TABLE}") == []
+    assert schema.current(engine) is None
+
+    sample_app.queue.upgrade_database(app=app)
+    assert QUEUE_TABLES <= _tables(database_uri)
+    assert schema.current(engine) == schema.head()
+    assert _sql(database_uri, "SELECT count(*) FROM sqlqueue_jobs") == [(0,)]
+    with app.app_context():
+        assert sample_app.add.enqueue(3, 4).args == [3, 4]
+
+    # The app's own history and data were never touched.
+    assert _sql(database_uri, "SELECT version_num FROM alembic_version") == [("app_rev_7",)]
+    assert _sql(database_uri, "SELECT * FROM users") == [(1, "ada")]
+
+
+def test_cli_db_commands_round_trip(make_app: Any, database_uri: str) -> None:
+    app = make_app(upgrade=False)
+    runner = app.test_cli_runner()
+
+    result = runner.invoke(args=["queue", "db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    assert schema.head() in result.output
+    assert QUEUE_TABLES <= _tables(database_uri)
+
+    result = runner.invoke(args=["queue", "db", "downgrade", "base"])
+    assert result.exit_code == 0, result.output
+    assert not QUEUE_TABLES & _tables(database_uri)
+
+    result = runner.invoke(args=["queue", "db", "current"])
+    assert result.exit_code == 1
+    assert HINT in result.output
+
+
+def test_models_match_the_migrations(make_app: Any) -> None:
+    engine = _store(make_app()).engine
+    with engine.connect() as conn:
+        # The queue's version table is Alembic's own bookkeeping, not part of the models:
+        # told its name, Alembic leaves it out of the comparison as it does when migrating.
+        context = MigrationContext.configure(
+            conn,
+            opts={
+                "version_table": VERSION_TABLE,
+                "compare_type": True,
+                "compare_server_default": True,
+            },
+        )
+        assert compare_metadata(context, metadata) == []
+
+
+def test_migrations_create_the_claim_index_descending(make_app: Any, database_uri: str) -> None:
+    make_app()
+    ((sql,),) = _sql(
+        database_uri, "SELECT sql FROM sqlite_master WHERE name = 'ix_sqlqueue_jobs_claim'"
+    )
+    assert sql.endswith("(status, priority DESC, run_at, id)")
+
+
+# -- SQLite connection settings ------------------------------------------------------------------
+
+
+def _pragma(conn: sa.Connection, name: str) -> Any:
+    return conn.exec_driver_sql(f"PRAGMA {name}").scalar()
+
+
+def test_sqlite_pragmas_by_default(make_app: Any) -> None:
+    store = _store(make_app())
+    with store.write() as writer:
+        assert _pragma(writer, "journal_mode") == "wal"
+        assert _pragma(writer, "synchronous") == 2  # FULL
+        assert _pragma(writer, "busy_timeout") == 30000
+    with store.read() as reader:
+        assert _pragma(reader, "journal_mode") == "wal"
+        assert _pragma(reader, "synchronous") == 2
+        assert _pragma(reader, "busy_timeout") == 30000
+
+
+@pytest.mark.parametrize(
+    ("setting", "level"), [("NORMAL", 1), ("normal", 1), ("OFF", 0), ("EXTRA", 3), ("FULL", 2)]
+)
+def test_sqlite_synchronous_follows_the_config(make_app: Any, setting: str, level: int) -> None:
+    store = _store(
+        make_app({"SQLQUEUE_SQLITE_SYNCHRONOUS": setting, "SQLQUEUE_SQLITE_BUSY_TIMEOUT": 2.5})
+    )
+    with store.write() as writer:
+        assert _pragma(writer, "synchronous") == level
+        assert _pragma(writer, "busy_timeout") == 2500
+    with store.read() as reader:
+        assert _pragma(reader, "synchronous") == level
+
+
+def test_writes_begin_immediate_and_reads_begin_deferred(make_app: Any) -> None:
+    store = _store(make_app())
+    seen: list[str] = []
+
+    def log(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", log)
+    try:
+        with store.write() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        writes, seen[:] = list(seen), []
+        with store.read() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        reads = list(seen)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", log)
+    assert writes == ["BEGIN IMMEDIATE", "SELECT 1"]
+    assert reads == ["BEGIN", "SELECT 1"]
+
+
+@pytest.fixture
+def two_stores(make_app: Any) -> tuple[Store, Store]:
+    """Two apps on one database file; the second gives up on a busy database after 0.2 s."""
+    holder = _store(make_app())
+    impatient = _store(make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.2}))
+    return holder, impatient
+
+
+def test_write_lock_is_taken_at_begin(two_stores: tuple[Store, Store], database_uri: str) -> None:
+    holder, impatient = two_stores
+    entered = False
+    with holder.write():  # BEGIN IMMEDIATE and nothing else: no row written yet
+        started = time.monotonic()
+        with pytest.raises(sa.exc.OperationalError, match="database is locked"):
+            with impatient.write():
+                entered = True
+        waited = time.monotonic() - started
+
+        # Contrast: a deferred BEGIN takes no lock, so it gets past BEGIN and fails only
+        # at its first write. The queue's writers never get that far without the lock.
+        with contextlib.closing(
+            sqlite3.connect(_db_path(database_uri), timeout=0.1, isolation_level=None)
+        ) as deferred:
+            deferred.execute("BEGIN")
+            assert deferred.execute("SELECT count(*) FROM sqlqueue_jobs").fetchone() == (0,)
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                deferred.execute(
+                    "INSERT INTO sqlqueue_workers VALUES ('w', 'h', 1, '', 1, '2030-01-01', "
+                    "'2030-01-01')"
+                )
+            deferred.execute("ROLLBACK")
+    assert not entered
+    assert waited >= 0.15  # it waited its busy timeout at BEGIN, then gave up
+
+    with impatient.write() as conn:  # free again
+        assert conn.exec_driver_sql("SELECT 1").scalar() == 1
+
+
+def test_second_writer_waits_at_begin_until_the_first_commits(
+    make_app: Any,
+) -> None:
+    holder = _store(make_app())
+    patient = _store(make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 10}))
+    committed_at: list[float] = []
+    entered_at: list[float] = []
+    holding = threading.Event()
+
+    def hold() -> None:
+        with holder.write():
+            holding.set()
+            time.sleep(0.4)
+            committed_at.append(time.monotonic())
+
+    thread = threading.Thread(target=hold, name="test-lock-holder")
+    thread.start()
+    try:
+        assert holding.wait(5)
+        with patient.write():
+            entered_at.append(time.monotonic())
+    finally:
+        thread.join(10)
+    assert committed_at and entered_at
+    assert entered_at[0] >= committed_at[0]
+
+
+def test_reads_do_not_wait_for_a_writer(two_stores: tuple[Store, Store]) -> None:
+    holder, impatient = two_stores
+    with holder.write() as conn:
+        job = holder.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions(session=conn))
+        # A read that waited for the lock would fail after its 0.2 s busy timeout with
+        # "database is locked"; these see the last committed state, without the new row.
+        with impatient.read() as reader:
+            count = reader.exec_driver_sql("SELECT count(*) FROM sqlqueue_jobs").scalar()
+        assert impatient.get_job(job.id) is None
+    assert count == 0
+    assert impatient.get_job(job.id) is not None
