@@ -229,3 +229,14 @@ def _assert_same(got: Any, want: Any) -> None:
         assert got == want and math.copysign(1.0, got) == math.copysign(1.0, want)
     else:
         assert got == want
+
+
+def test_deep_nesting_is_refused_with_a_clear_error(sq_app: Any) -> None:
+    deep: list[Any] = []
+    inner = deep
+    for _ in range(200):
+        inner.append([])
+        inner = inner[0]
+    with sq_app.app_context():
+        with pytest.raises(ValueError, match="nested more than 100 levels"):
+            sample_app.echo.enqueue(deep)

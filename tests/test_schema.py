@@ -354,3 +354,20 @@ def test_reads_do_not_wait_for_a_writer(two_stores: tuple[Store, Store]) -> None
         assert impatient.get_job(job.id) is None
     assert count == 0
     assert impatient.get_job(job.id) is not None
+
+
+def test_sqlite_without_returning_is_refused_at_setup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from flask_sqlqueue import ConfigurationError
+    from flask_sqlqueue.config import Settings
+
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.31.1")
+    settings = Settings.from_mapping(
+        {"SQLQUEUE_DATABASE_URI": f"sqlite:///{tmp_path / 'q.db'}"}, str(tmp_path)
+    )
+    with pytest.raises(ConfigurationError, match=r"SQLite 3\.31\.1 is too old.*3\.35"):
+        Store.from_settings(settings)

@@ -19,12 +19,17 @@ from ..exceptions import PayloadValueError
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _loads = json.loads
 
+MAX_DEPTH = 100
+
 
 def check(value: object, path: str, _parents: frozenset[int] = frozenset()) -> None:
     """Raise :class:`PayloadError` naming the first value below ``path`` that is not plain JSON."""
     kind = type(value)
     if value is None or kind is bool or kind is int:
         return
+    if (kind is list or kind is dict) and len(_parents) >= MAX_DEPTH:
+        # MariaDB's JSON functions stop at depth 100; deeper would also exhaust the stack.
+        raise PayloadValueError(path, value, f"is nested more than {MAX_DEPTH} levels deep")
     if (kind is list or kind is dict) and id(value) in _parents:
         # Without this a list that contains itself recurses until RecursionError.
         raise PayloadValueError(path, value, "contains itself (a circular reference)")

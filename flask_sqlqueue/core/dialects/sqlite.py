@@ -10,6 +10,7 @@ The claim is the shared single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RET
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from sqlalchemy import event
@@ -18,9 +19,11 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine
 
 from ...config import Settings
+from ...exceptions import ConfigurationError
 from .base import DialectOps
 
 _READ = "sqlqueue_read"
+MIN_VERSION = (3, 35)
 
 
 class SQLiteOps(DialectOps):
@@ -30,6 +33,11 @@ class SQLiteOps(DialectOps):
     skip_locked = False
 
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
+        if sqlite3.sqlite_version_info < MIN_VERSION:
+            raise ConfigurationError(
+                f"SQLite {sqlite3.sqlite_version} is too old: the queue's claim needs "
+                "UPDATE ... RETURNING, from SQLite 3.35."
+            )
         pragmas = (
             "PRAGMA journal_mode=WAL",
             f"PRAGMA synchronous={settings.sqlite_synchronous}",
