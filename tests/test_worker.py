@@ -1,0 +1,611 @@
+"""The worker in-process, on a real SQLite file: claiming, retries, results, effects, fencing.
+
+The app fixture is ``sq_app``, not ``app``: pytest-flask pushes a request context
+around any test that uses a fixture named ``app``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+from sqlalchemy.orm import Session
+
+from flask_sqlqueue import JobStatus
+from flask_sqlqueue import SQLQueue
+from flask_sqlqueue import Worker
+from flask_sqlqueue import WorkerOptions
+from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core.lifecycle import Backoff
+from flask_sqlqueue.core.models import effects
+from flask_sqlqueue.core.models import jobs
+from flask_sqlqueue.core.models import utcnow
+from flask_sqlqueue.core.store import Store
+from tests import sample_app
+
+WAIT = 10.0  # upper bound, in seconds, of every wait in this module
+
+
+@pytest.fixture
+def sq_app(make_app: Any) -> Flask:
+    return make_app()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def ctx(sq_app: Flask) -> Iterator[Flask]:
+    with sq_app.app_context():
+        yield sq_app
+
+
+def store_of(app: Flask) -> Store:
+    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
+
+
+def database_path(app: Flask) -> Path:
+    database = store_of(app).engine.url.database
+    assert database
+    return Path(database)
+
+
+def row(app: Flask, job_id: int) -> Any:
+    with store_of(app).read() as conn:
+        return conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one()
+
+
+def execute(app: Flask, statement: Any) -> int:
+    with store_of(app).write() as conn:
+        return conn.execute(statement).rowcount  # type: ignore[no-any-return]
+
+
+def burst(app: Flask, **options: Any) -> None:
+    options.setdefault("grace", 1.0)
+    run_burst(sample_app.queue.worker(WorkerOptions(**options), app))
+
+
+def run_burst(worker: Worker, timeout: float = WAIT) -> None:
+    """``worker.run(burst=True)``, failing the test instead of hanging if it never returns."""
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            worker.run(burst=True)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="sqlqueue-test-burst", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        worker.stop()
+        thread.join(WAIT)
+        pytest.fail(f"a burst run did not finish within {timeout}s")
+    if errors:
+        raise errors[0]
+
+
+def lines(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(predicate: Any, timeout: float = WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
+        time.sleep(0.02)
+
+
+def assert_near(value: datetime, low: datetime, high: datetime, seconds: float) -> None:
+    """``value`` is ``seconds`` after some instant in [low, high] (1 ms of rounding allowed)."""
+    slack = timedelta(milliseconds=1)
+    shift = timedelta(seconds=seconds)
+    assert low + shift - slack <= value <= high + shift + slack, (value, low, high, seconds)
+
+
+class WorkerThread:
+    """``Worker.run()`` on a thread, always stopped and joined."""
+
+    def __init__(self, app: Flask, options: WorkerOptions, *, burst: bool = False) -> None:
+        self.worker = sample_app.queue.worker(options, app)
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(
+            target=self._run, args=(burst,), name="sqlqueue-test-runner", daemon=True
+        )
+
+    def _run(self, burst: bool) -> None:
+        try:
+            self.worker.run(burst=burst)
+        except BaseException as exc:
+            self.errors.append(exc)
+
+    def __enter__(self) -> WorkerThread:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.worker.stop()
+        self.thread.join(WAIT)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        assert not self.errors, self.errors
+
+
+# -- which job runs, and when --------------------------------------------------------------
+
+
+def test_claim_order_is_priority_then_run_at_then_id(ctx: Flask, tmp_path: Path) -> None:
+    log = tmp_path / "order.log"
+    base = utcnow() - timedelta(minutes=5)
+    record = sample_app.record
+    record.using(run_at=base + timedelta(seconds=20)).enqueue(str(log), "a")
+    record.using(priority=5, run_at=base + timedelta(seconds=30)).enqueue(str(log), "b")
+    record.using(run_at=base + timedelta(seconds=10)).enqueue(str(log), "c")
+    record.using(priority=5, run_at=base + timedelta(seconds=25)).enqueue(str(log), "d")
+    record.using(run_at=base + timedelta(seconds=20)).enqueue(str(log), "e")  # ties a: by id
+    record.using(priority=-1, run_at=base).enqueue(str(log), "f")
+    record.using(priority=5, run_at=base + timedelta(seconds=30)).enqueue(str(log), "g")
+
+    burst(ctx, concurrency=1)
+
+    started = [parts[1] for parts in lines(log) if parts[0] == "start"]
+    assert started == ["d", "b", "g", "c", "a", "e", "f"]
+
+
+def test_delay_and_run_at_decide_eligibility(ctx: Flask, tmp_path: Path) -> None:
+    log = tmp_path / "delay.log"
+    before = utcnow()
+    delayed = sample_app.record.using(delay=60).enqueue(str(log), "delayed")
+    after = utcnow()
+    later = sample_app.record.using(run_at=after + timedelta(hours=1)).enqueue(str(log), "later")
+    past = sample_app.record.using(run_at=before - timedelta(hours=1)).enqueue(str(log), "past")
+    as_timedelta = sample_app.record.using(delay=timedelta(0)).enqueue(str(log), "now")
+
+    burst(ctx)
+
+    assert_near(delayed.refresh().run_at, before, after, 60)
+    for job in (delayed, later):
+        job.refresh()
+        assert job.status is JobStatus.PENDING
+        assert job.attempts == 0
+        assert job.started_at is None
+    assert past.refresh().status is JobStatus.COMPLETED
+    assert as_timedelta.refresh().status is JobStatus.COMPLETED
+    assert sorted(parts[1] for parts in lines(log) if parts[0] == "done") == ["now", "past"]
+
+
+def test_worker_claims_only_its_tasks_and_queues(ctx: Flask) -> None:
+    unknown = sample_app.queue.enqueue("nobody.knows", args=[1], kwargs={"x": "y"})
+    report = sample_app.report.enqueue(7)
+    add = sample_app.add.enqueue(1, 2)
+    assert report.queue == "reports"
+
+    burst(ctx, queues=("reports",))
+    assert report.refresh().status is JobStatus.COMPLETED
+    assert report.result == "report 7"
+    assert add.refresh().status is JobStatus.PENDING
+    assert add.attempts == 0
+
+    burst(ctx)  # every queue now
+    assert add.refresh().status is JobStatus.COMPLETED
+    unknown.refresh()
+    assert unknown.status is JobStatus.PENDING
+    assert unknown.attempts == 0
+    assert unknown.started_at is None
+    assert unknown.worker_id is None
+    assert unknown.last_error is None
+    assert (unknown.args, unknown.kwargs) == ([1], {"x": "y"})
+
+
+# -- failures, retries, backoff -------------------------------------------------------------
+
+
+def test_failing_task_is_retried_until_it_succeeds(ctx: Flask, tmp_path: Path) -> None:
+    log = tmp_path / "attempts.log"
+    job = sample_app.fails_until.enqueue(str(log), 3)
+    worker = sample_app.queue.worker(WorkerOptions(), ctx)
+    before = utcnow()
+    run_burst(worker)  # backoff base is 0 in the sample app: retries are due at once
+    after = utcnow()
+
+    job.refresh()
+    assert job.status is JobStatus.COMPLETED
+    assert job.attempts == 3
+    assert job.result == 3
+    assert job.last_error == "ValueError: attempt 2 fails"
+    assert [record["attempt"] for record in job.errors] == [1, 2]
+    for n, record in enumerate(job.errors, start=1):
+        assert record["type"] == "ValueError"
+        assert record["message"] == f"attempt {n} fails"
+        assert "Traceback" in record["traceback"]
+        assert f"ValueError: attempt {n} fails" in record["traceback"]
+        assert "fails_until" in record["traceback"]
+        assert record["worker"] == worker.id
+        assert before <= datetime.fromisoformat(record["at"]) <= after
+    assert lines(log) == [[str(job.id), "1"], [str(job.id), "2"], [str(job.id), "3"]]
+
+
+@pytest.mark.parametrize(
+    ("config", "low", "high"),
+    [
+        ({}, 60, 60),  # base * 2**1 after attempt 1
+        ({"SQLQUEUE_BACKOFF_CAP": 45}, 45, 45),
+        ({"SQLQUEUE_BACKOFF_JITTER": 10}, 60, 70),
+    ],
+)
+def test_failed_job_waits_for_its_backoff(
+    make_app: Any, tmp_path: Path, config: dict[str, Any], low: float, high: float
+) -> None:
+    app = make_app({"SQLQUEUE_BACKOFF_BASE": 30, "SQLQUEUE_BACKOFF_JITTER": 0, **config})
+    log = tmp_path / "attempts.log"
+    with app.app_context():
+        job = sample_app.fails_until.enqueue(str(log), 3)
+    before = utcnow()
+    burst(app)
+    after = utcnow()
+
+    job.refresh()
+    assert job.status is JobStatus.PENDING
+    assert job.attempts == 1
+    assert job.last_error == "ValueError: attempt 1 fails"
+    assert before + timedelta(seconds=low) <= job.run_at <= after + timedelta(seconds=high)
+    assert len(lines(log)) == 1
+
+    burst(app)  # not due yet: nothing runs
+    assert job.refresh().attempts == 1
+    assert len(lines(log)) == 1
+
+
+def test_backoff_delay_bounds() -> None:
+    backoff = Backoff(base=2.0, cap=100.0, jitter=5.0)
+    rng = random.Random(1234)
+    seen = []
+    for attempt in [*range(1, 12), 64, 65, 1000, 10**6]:
+        expected = min(100.0, 2 * 2**attempt)
+        delay = backoff.delay(attempt, rng)
+        assert expected <= delay <= expected + 5.0, (attempt, delay)
+        seen.append(delay - expected)
+    assert len(set(seen)) > 1, "jitter never varied"
+    assert backoff.delay(1000, rng) <= 105.0  # no OverflowError, cap honoured
+
+    same = [Backoff(30, 3600, 20).delay(k, random.Random(7)) for k in (3, 3)]
+    assert same[0] == same[1]  # a seeded rng gives reproducible delays
+    assert Backoff(30, 3600, 0).delay(3, random.Random()) == 240.0
+    assert Backoff(30, 3600, 0).delay(20, random.Random()) == 3600.0
+    assert Backoff(0, 3600, 0).delay(5, random.Random()) == 0.0
+
+
+def test_task_backoff_callable_is_used(tmp_path: Path) -> None:
+    own = SQLQueue()
+
+    @own.task(name="custom_backoff", backoff=lambda attempt: 1000 + attempt)
+    def custom() -> None:
+        raise RuntimeError("custom")
+
+    @own.task(name="timedelta_backoff", backoff=lambda attempt: timedelta(minutes=attempt * 5))
+    def as_timedelta() -> None:
+        raise RuntimeError("timedelta")
+
+    @own.task(name="broken_backoff", backoff=lambda attempt: 1 / 0)
+    def broken() -> None:
+        raise RuntimeError("broken")
+
+    app = Flask(__name__)
+    app.config.update(
+        SQLQUEUE_DATABASE_URI=f"sqlite:///{tmp_path / 'own.db'}",
+        SQLQUEUE_BACKOFF_BASE=7,
+        SQLQUEUE_BACKOFF_JITTER=0,
+    )
+    own.init_app(app)
+    try:
+        own.upgrade_database(app=app)
+        with app.app_context():
+            jobs_ = [custom.enqueue(), as_timedelta.enqueue(), broken.enqueue()]
+        before = utcnow()
+        run_burst(own.worker(WorkerOptions(), app))
+        after = utcnow()
+        for job, seconds in zip(jobs_, (1001, 300, 14), strict=True):
+            job.refresh()
+            assert job.status is JobStatus.PENDING, job
+            assert job.attempts == 1
+            assert_near(job.run_at, before, after, seconds)
+    finally:
+        app.extensions["sqlqueue"].store.engine.dispose()
+
+
+def test_attempts_spent_goes_dead_and_replay_runs_again(ctx: Flask, tmp_path: Path) -> None:
+    job = sample_app.always_fails.enqueue()
+    target = tmp_path / "missing" / "flag"
+    fixable = sample_app.touch.using(max_attempts=2).enqueue(str(target))
+    burst(ctx)
+
+    job.refresh()
+    assert job.status is JobStatus.DEAD
+    assert job.attempts == 3
+    assert job.last_error == "RuntimeError: boom"
+    assert len(job.errors) == 3
+    assert job.finished_at is not None
+    fixable.refresh()
+    assert fixable.status is JobStatus.DEAD
+    assert fixable.attempts == 2
+    assert fixable.last_error is not None
+    assert fixable.last_error.startswith("FileNotFoundError")
+
+    # Replaying a job that is not dead is refused and changes nothing.
+    done = sample_app.add.enqueue(1, 1)
+    burst(ctx)
+    store = store_of(ctx)
+    with pytest.raises(lifecycle.InvalidTransition):
+        store.run_write(lambda conn: lifecycle.replay(conn, [fixable.id, done.id], utcnow()))
+    assert fixable.refresh().status is JobStatus.DEAD
+
+    target.parent.mkdir()  # "fix" the task
+    now = utcnow()
+    assert store.run_write(lambda conn: lifecycle.replay(conn, [fixable.id], now)) == 1
+    fixable.refresh()
+    assert fixable.status is JobStatus.PENDING
+    assert fixable.attempts == 0
+    assert fixable.last_error is None
+    assert fixable.run_at == now
+
+    task = sample_app.always_fails.name
+    replayed = store.run_write(lambda conn: lifecycle.replay_dead(conn, utcnow(), None, task))
+    assert replayed == 1
+    assert job.refresh().status is JobStatus.PENDING
+    assert job.attempts == 0
+
+    burst(ctx)
+    fixable.refresh()
+    assert fixable.status is JobStatus.COMPLETED
+    assert fixable.attempts == 1
+    assert target.exists()
+    job.refresh()
+    assert job.status is JobStatus.DEAD
+    assert job.attempts == 3  # a fresh set of attempts, all used again
+    assert len(job.errors) == 6  # the history is kept across replays
+    assert done.refresh().status is JobStatus.COMPLETED
+
+
+def test_retry_exception_and_permanent_failure(ctx: Flask) -> None:
+    before = utcnow()
+    retry = sample_app.asks_retry.enqueue(120)
+    spent = sample_app.asks_retry.using(max_attempts=1).enqueue(0)
+    permanent = sample_app.gives_up.enqueue()
+    burst(ctx)
+    after = utcnow()
+
+    retry.refresh()
+    assert retry.status is JobStatus.PENDING
+    assert retry.attempts == 1
+    assert retry.last_error is not None
+    assert "not ready yet" in retry.last_error
+    assert_near(retry.run_at, before, after, 120)
+
+    spent.refresh()
+    assert spent.status is JobStatus.DEAD  # Retry does not outlive max_attempts
+    assert spent.attempts == 1
+
+    permanent.refresh()
+    assert permanent.status is JobStatus.DEAD
+    assert permanent.attempts == 1
+    assert permanent.max_attempts == 5
+    assert permanent.last_error is not None
+    assert "PermanentFailure: invalid account" in permanent.last_error
+
+    burst(ctx)
+    assert retry.refresh().attempts == 1  # not due yet
+
+
+# -- results and effects ----------------------------------------------------------------------
+
+
+def test_results_are_stored_and_bad_results_do_not_stop_the_worker(ctx: Flask) -> None:
+    bad = sample_app.bad_result.enqueue()
+    added = sample_app.add.enqueue(2, 3)
+    echoed = sample_app.echo.enqueue(1, "é", k=[1, {"n": None}])
+    burst(ctx, concurrency=1)
+
+    assert added.refresh().result == 5
+    assert added.status is JobStatus.COMPLETED
+    assert added.attempts == 1
+    assert added.finished_at is not None
+    assert echoed.refresh().result == {"args": [1, "é"], "kwargs": {"k": [1, {"n": None}]}}
+    bad.refresh()
+    assert bad.status is JobStatus.COMPLETED
+    assert bad.attempts == 1
+    assert bad.result is None
+    assert row(ctx, bad.id).result is None
+
+
+def test_reserve_effect_is_granted_once_per_key(ctx: Flask) -> None:
+    first = sample_app.reserve.enqueue("mail:42")
+    second = sample_app.reserve.enqueue("mail:42")
+    keyed = sample_app.reserve.using(idempotency_key="order-7").enqueue()
+    same_key = sample_app.reserve.enqueue("order-7")
+    keyless = sample_app.reserve.using(max_attempts=1).enqueue()
+    burst(ctx, concurrency=1)
+
+    assert first.refresh().result == [True, False]
+    assert second.refresh().result == [False, False]
+    assert keyed.refresh().result == [True, False]
+    assert same_key.refresh().result == [False, False]
+    keyless.refresh()
+    assert keyless.status is JobStatus.DEAD
+    assert keyless.last_error is not None
+    assert keyless.last_error.startswith("ValueError:")
+    assert "idempotency_key" in keyless.last_error
+    with store_of(ctx).read() as conn:
+        reserved = dict(conn.execute(sa.select(effects.c.key, effects.c.job_id)).all())
+    assert reserved == {"mail:42": first.id, "order-7": keyed.id}
+
+
+# -- fencing and damaged rows -------------------------------------------------------------------
+
+
+def test_write_with_a_stale_claim_token_changes_nothing(ctx: Flask) -> None:
+    job = sample_app.add.enqueue(1, 2)
+    store = store_of(ctx)
+    with store.write() as conn:
+        claimed = store.ops.claim(
+            conn,
+            worker_id="test-worker",
+            token="old-token",
+            now=utcnow(),
+            limit=5,
+            queues=(),
+            tasks=[sample_app.add.name],
+        )
+    assert [(r.id, r.claim_token, r.attempts) for r in claimed] == [(job.id, "old-token", 1)]
+    assert job.refresh().status is JobStatus.RUNNING
+    execute(ctx, sa.update(jobs).where(jobs.c.id == job.id).values(claim_token="new-token"))
+
+    now = utcnow()
+    record = lifecycle.error_record(1, "X", "late", "", "test-worker", now)
+    assert not store.run_write(lambda c: lifecycle.complete(c, job.id, "old-token", "3", now))
+    assert not store.run_write(lambda c: lifecycle.fail(c, job.id, "old-token", record, now, now))
+    assert not store.run_write(lambda c: lifecycle.release(c, job.id, "old-token", now))
+    after = row(ctx, job.id)
+    assert (after.status, after.claim_token, after.result, after.attempts) == (
+        "running",
+        "new-token",
+        None,
+        1,
+    )
+    assert (after.last_error, after.errors, after.finished_at, after.releases) == (
+        None,
+        None,
+        None,
+        0,
+    )
+
+    assert store.run_write(lambda c: lifecycle.complete(c, job.id, "new-token", "3", now))
+    assert job.refresh().status is JobStatus.COMPLETED
+    assert job.result == 3
+
+
+def test_worker_whose_claim_was_taken_records_nothing(ctx: Flask, tmp_path: Path) -> None:
+    log = tmp_path / "fence.log"
+    job = sample_app.record.enqueue(str(log), "fenced", 1.5)
+    worker = sample_app.queue.worker(WorkerOptions(), ctx)
+    thread = threading.Thread(target=worker.run_once, name="sqlqueue-test-once", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: any(parts[0] == "start" for parts in lines(log)))
+        execute(ctx, sa.update(jobs).where(jobs.c.id == job.id).values(claim_token="rescuer"))
+    finally:
+        thread.join(WAIT)
+        worker.close()
+    assert not thread.is_alive()
+    assert [parts[0] for parts in lines(log)] == ["start", "done"]
+    after = row(ctx, job.id)
+    assert (after.status, after.claim_token, after.result, after.finished_at) == (
+        "running",
+        "rescuer",
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize("payload", ["not json", "[1, 2]", '{"args": {}, "kwargs": []}'])
+def test_malformed_payload_goes_dead_without_stopping_the_worker(ctx: Flask, payload: str) -> None:
+    broken = sample_app.add.enqueue(1, 2)
+    good = sample_app.add.enqueue(3, 4)
+    execute(ctx, sa.update(jobs).where(jobs.c.id == broken.id).values(payload=payload))
+    burst(ctx, concurrency=1)
+
+    broken.refresh()
+    assert broken.status is JobStatus.DEAD
+    assert broken.last_error is not None
+    assert re.search("malformed ?payload", broken.last_error, re.IGNORECASE), broken.last_error
+    assert broken.payload_error is not None
+    assert good.refresh().status is JobStatus.COMPLETED
+    assert good.result == 7
+
+
+# -- eager mode, wake-ups, transactions ---------------------------------------------------------
+
+
+def test_eager_mode_runs_the_task_at_enqueue(make_app: Any) -> None:
+    app = make_app({"SQLQUEUE_EAGER": True})
+    with app.app_context():
+        job = sample_app.add.enqueue(1, 2)
+        assert job.status is JobStatus.COMPLETED
+        assert job.result == 3
+        assert job.attempts == 1
+        stored = sample_app.queue.get_job(job.id)
+    assert stored is not None
+    assert (stored.status, stored.result) == (JobStatus.COMPLETED, 3)
+
+
+def test_enqueue_in_process_wakes_an_idle_worker(ctx: Flask, tmp_path: Path) -> None:
+    log = tmp_path / "wake.log"
+    with WorkerThread(ctx, WorkerOptions(poll_interval=30)) as runner:
+        wait_for(lambda: runner.worker._registered)
+        time.sleep(0.3)  # let it finish its first (empty) claim and start waiting
+        started = time.monotonic()
+        job = sample_app.record.enqueue(str(log), "woken")
+        wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, timeout=5)
+        assert time.monotonic() - started < 5
+    assert job.result == "woken"
+
+
+def test_no_transaction_is_held_while_a_task_runs(ctx: Flask, tmp_path: Path) -> None:
+    log = tmp_path / "slow.log"
+    slow = sample_app.record.enqueue(str(log), "slow", 2.0)
+    database = str(database_path(ctx))
+    with WorkerThread(ctx, WorkerOptions(), burst=True):
+        wait_for(lambda: any(parts[0] == "start" for parts in lines(log)))
+        started = time.monotonic()
+        with closing(sqlite3.connect(database, timeout=0.5, isolation_level=None)) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("UPDATE sqlqueue_jobs SET priority = 9 WHERE id = ?", (slow.id,))
+            conn.execute("COMMIT")
+        other = sample_app.add.enqueue(1, 1)
+        elapsed = time.monotonic() - started
+        assert row(ctx, slow.id).status == "running"
+        assert not any(parts[0] == "done" for parts in lines(log))
+        assert elapsed < 1.0, f"writers waited {elapsed:.2f}s for the running task"
+        wait_for(lambda: other.refresh().status is JobStatus.COMPLETED)
+    assert slow.refresh().status is JobStatus.COMPLETED
+    assert slow.priority == 9
+
+
+def test_transactional_enqueue_does_not_wait_for_the_callers_own_lock(make_app: Any) -> None:
+    # The first enqueue in a process checks the schema; on SQLite that check must not
+    # queue behind the caller's own transaction, which already holds the write lock.
+    app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 2})
+    own = sa.create_engine(f"sqlite:///{database_path(app)}")
+    try:
+        with own.begin() as conn:
+            conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
+        with app.app_context(), Session(own) as session:
+            session.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
+            started = time.monotonic()
+            job = sample_app.add.using(session=session).enqueue(1, 2)
+            assert time.monotonic() - started < 1.0
+            session.commit()
+            assert sample_app.queue.get_job(job.id) is not None
+    finally:
+        own.dispose()
+
+
+def test_timestamps_are_aware_utc(ctx: Flask) -> None:
+    job = sample_app.add.enqueue(1, 2)
+    burst(ctx)
+    job.refresh()
+    for value in (job.run_at, job.created_at, job.updated_at, job.started_at, job.finished_at):
+        assert value is not None
+        assert value.tzinfo is not None
+        assert value.utcoffset() == timedelta(0)
+    assert job.created_at <= job.started_at <= job.finished_at <= datetime.now(UTC)  # type: ignore[operator]
