@@ -14,6 +14,7 @@ from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import DuplicateTask as DuplicateTask
 from .exceptions import PayloadError as PayloadError
 from .exceptions import PermanentFailure as PermanentFailure
+from .exceptions import QueueUnavailable as QueueUnavailable
 from .exceptions import Retry as Retry
 from .exceptions import SchemaError as SchemaError
 from .exceptions import SQLQueueError as SQLQueueError
@@ -31,6 +32,7 @@ __all__ = [
     "JobStatus",
     "PayloadError",
     "PermanentFailure",
+    "QueueUnavailable",
     "Retry",
     "SQLQueue",
     "SQLQueueError",

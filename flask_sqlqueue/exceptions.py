@@ -62,6 +62,10 @@ class UnsupportedDatabase(ConfigurationError):
         )
 
 
+class QueueUnavailable(SQLQueueError):
+    """The queue's database could not be reached or stayed locked; nothing was written."""
+
+
 class NoJobContext(SQLQueueError, RuntimeError):
     """``current_job`` was used outside a running task."""
 

@@ -10,7 +10,9 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
+from typing import TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -21,6 +23,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
+from ..exceptions import QueueUnavailable
 from .dialects import DialectOps
 from .dialects import for_dialect
 from .enqueue import EnqueueOptions
@@ -29,6 +32,8 @@ from .jobs import Job
 from .lifecycle import Backoff
 from .models import jobs
 from .models import utcnow
+
+T = TypeVar("T")
 
 # In-process wake-ups: a worker waiting for jobs is woken by an enqueue in the same
 # process at once instead of at its next poll. Keyed by database, so two queues on
@@ -105,8 +110,16 @@ class Store:
             # Flask-SQLAlchemy's db.session: write in the session of the current scope.
             target = target()
         if target is None:
-            with self.write() as conn:
-                job = self._insert(conn, values)
+            try:
+                with self.write() as conn:
+                    job = self._insert(conn, values)
+            except sa.exc.DBAPIError as exc:
+                if not is_transient(exc):
+                    raise
+                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+                raise QueueUnavailable(
+                    f"The queue's database is unavailable ({reason}); nothing was enqueued."
+                ) from exc
             self.wake()
             return job
         conn = self._caller_connection(target)
@@ -181,18 +194,31 @@ class Store:
 
     # -- resilience -------------------------------------------------------------------------
 
-    def run_write(self, fn: Any, *, attempts: int = 10, delay: float = 0.05) -> Any:
-        """Run ``fn(conn)`` in a write transaction, retrying when the database is busy
-        or unreachable, so a finished attempt is recorded rather than lost."""
-        for attempt in range(attempts):
+    def run_write(self, fn: Callable[[Connection], T], *, within: float = 10.0) -> T:
+        """Run ``fn(conn)`` in a write transaction, retrying for up to ``within`` seconds
+        while the database is busy or unreachable, so an outcome is recorded, not lost.
+
+        ``fn`` must be safe to run again after a failed commit: every write in the queue
+        is a guarded UPDATE or an insert-once, so a repeat changes nothing.
+        """
+        deadline = time.monotonic() + within
+        pause = 0.05
+        while True:
             try:
                 with self.write() as conn:
                     return fn(conn)
-            except sa.exc.OperationalError:
-                if attempt == attempts - 1:
+            except sa.exc.DBAPIError as exc:
+                if not is_transient(exc) or time.monotonic() + pause > deadline:
                     raise
-                time.sleep(min(delay * 2**attempt, 2.0))
-        raise AssertionError("unreachable")  # pragma: no cover
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that may pass: busy or locked, or a lost or refused connection."""
+    return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or (
+        isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
+    )
 
 
 class _Values:

@@ -8,6 +8,7 @@ alive and takes back jobs of workers that stopped heartbeating.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -82,6 +83,10 @@ class WorkerOptions:
         return max(0.05, min(self.stale_after / 4, 15.0))
 
 
+def _worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
 def job_label(job_id: int, task: str, attempt: int, max_attempts: int, key: str | None) -> str:
     """The prefix of every log line about a job."""
     text = f"job={job_id} task={task} attempt={attempt}/{max_attempts}"
@@ -122,14 +127,14 @@ class Worker:
         self.job_context = job_context or nullcontext
         self.clock = clock
         self.rng = rng or random.Random()
-        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.id = _worker_id()
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[int, str] = {}  # job id -> claim token
         self._registered = False
         self._last_heartbeat_ok = time.monotonic()
-        self._lost = False
+        self._paused = False
         self._db_error_logged = 0.0
 
     # -- public API -----------------------------------------------------------------------
@@ -225,10 +230,17 @@ class Worker:
     def _dispatch(self, inbox: queue_module.SimpleQueue[Any], burst: bool) -> None:
         poll = self.options.poll_interval
         while not self._stopping.is_set():
-            if self._lost or time.monotonic() - self._last_heartbeat_ok > self.options.stale_after:
-                # Others may already have rescued our jobs: claiming more would be unsafe.
-                log.error("worker %s lost its heartbeat; it stops claiming", self.id)
-                break
+            if time.monotonic() - self._last_heartbeat_ok > self.options.stale_after:
+                # Others may have declared us dead and rescued our jobs: claim nothing
+                # until the heartbeat is back (under a new id if our row was removed).
+                if not self._paused:
+                    log.error("worker %s cannot heartbeat; it stops claiming", self.id)
+                    self._paused = True
+                self._stopping.wait(min(poll, 1.0))
+                continue
+            if self._paused:
+                log.warning("worker %s heartbeats again; it resumes claiming", self.id)
+                self._paused = False
             with self._lock:
                 free = self.options.concurrency - len(self._running)
             if free <= 0:
@@ -243,7 +255,8 @@ class Worker:
                 idle = not self._running
             try:
                 rows = self._claim(free)
-            except sa.exc.OperationalError as exc:
+            except sa.exc.DBAPIError as exc:
+                # Never let a database fault end the worker: log, back off, try again.
                 self._log_db_error("claim", exc)
                 self._stopping.wait(min(poll, 1.0))
                 continue
@@ -297,7 +310,7 @@ class Worker:
             now = self.clock()
             try:
                 released = self.store.run_write(
-                    lambda conn, j=job_id, t=token, n=now: lifecycle.release(conn, j, t, n)
+                    functools.partial(lifecycle.release, job_id=job_id, token=token, now=now)
                 )
             except sa.exc.SQLAlchemyError as exc:
                 log.error("job=%s could not be released (%s); it will be rescued", job_id, exc)
@@ -438,7 +451,8 @@ class Worker:
 
     def _finish(self, label: str, extra: dict[str, Any], write: Callable[[Any], bool]) -> bool:
         try:
-            done = bool(self.store.run_write(write))
+            # Keep trying while we may still own the claim; past that it will be rescued.
+            done = bool(self.store.run_write(write, within=self.options.stale_after))
         except sa.exc.SQLAlchemyError as exc:
             log.error(
                 "%s: could not record the outcome (%s); the job will be rescued and run again",
@@ -459,24 +473,24 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         interval = self.options.heartbeat_interval
-        beats = 0
         while not self._stopping.wait(interval):
             try:
                 alive = self.store.run_write(
-                    lambda conn: lifecycle.heartbeat(conn, self.id, self.clock()), attempts=3
+                    lambda conn: lifecycle.heartbeat(conn, self.id, self.clock()), within=interval
                 )
+                if not alive:
+                    # Declared dead while cut off: our running jobs were (or will be)
+                    # rescued and their late outcomes are fenced. Carry on as a new worker.
+                    old = self.id
+                    self.id = _worker_id()
+                    self._registered = False
+                    self._register()
+                    log.error("worker %s was declared dead; continuing as %s", old, self.id)
             except sa.exc.SQLAlchemyError as exc:
                 self._log_db_error("heartbeat", exc)
                 continue
-            if not alive:
-                log.error("worker %s was declared dead by another worker; stopping", self.id)
-                self._lost = True
-                self.stop()
-                return
             self._last_heartbeat_ok = time.monotonic()
-            beats += 1
-            if beats % 2 == 0:
-                self.rescue()
+            self.rescue()
 
     def rescue(self) -> list[tuple[int, str, str]]:
         """Take back the running jobs of workers that stopped heartbeating."""
@@ -484,7 +498,8 @@ class Worker:
         stale_before = now - timedelta(seconds=self.options.stale_after)
         try:
             rescued: list[tuple[int, str, str]] = self.store.run_write(
-                lambda conn: lifecycle.rescue_stale(conn, stale_before, now), attempts=3
+                lambda conn: lifecycle.rescue_stale(conn, stale_before, now),
+                within=self.options.heartbeat_interval,
             )
         except sa.exc.SQLAlchemyError as exc:
             self._log_db_error("rescue", exc)

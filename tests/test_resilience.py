@@ -1,0 +1,163 @@
+"""Database faults and lost heartbeats, in-process on a real SQLite file.
+
+A locked database must never end a worker or burn an attempt, an enqueue that cannot
+reach the database must say so and write nothing, and a worker declared dead while cut
+off must carry on under a new id.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import closing
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+
+from flask_sqlqueue import JobStatus
+from flask_sqlqueue import QueueUnavailable
+from flask_sqlqueue import WorkerOptions
+from flask_sqlqueue.core.models import jobs
+from flask_sqlqueue.core.models import workers
+from tests import sample_app
+
+WAIT = 15.0
+
+
+def _store(app: Flask) -> Any:
+    return app.extensions["sqlqueue"].store
+
+
+@contextmanager
+def exclusive_lock(app: Flask) -> Iterator[None]:
+    """Another process's view: a connection holding SQLite's exclusive lock."""
+    path = _store(app).engine.url.database
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("BEGIN EXCLUSIVE")
+        try:
+            yield
+        finally:
+            conn.execute("ROLLBACK")
+
+
+def _count(app: Flask) -> int:
+    with _store(app).read() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one())
+
+
+def _wait_for(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@contextmanager
+def running_worker(app: Flask, **options: Any) -> Iterator[Any]:
+    worker = sample_app.queue.worker(WorkerOptions(**options), app)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="sqlqueue-test-worker")
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(WAIT)
+    assert not thread.is_alive(), "the worker did not stop"
+    assert not errors, f"the worker died: {errors[0]!r}"
+
+
+def test_enqueue_on_a_locked_database_says_so_and_writes_nothing(make_app: Any) -> None:
+    app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.2})
+    with app.app_context():
+        sample_app.add.enqueue(0, 0)  # the schema check is done before the lock
+        with exclusive_lock(app):
+            with pytest.raises(QueueUnavailable, match=r"unavailable.*nothing was enqueued"):
+                sample_app.add.enqueue(1, 2)
+        assert _count(app) == 1
+
+
+def test_worker_survives_a_locked_database_without_burning_attempts(
+    make_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.1})
+    caplog.set_level(logging.ERROR, logger="flask_sqlqueue")
+    with app.app_context():
+        with running_worker(app, poll_interval=0.05, stale_after=30) as worker:
+            _wait_for(lambda: _worker_ids(app) == [worker.id], "the worker to start")
+            with exclusive_lock(app):
+                time.sleep(1.0)  # the worker polls into the lock many times meanwhile
+            job = sample_app.add.enqueue(2, 3)
+            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job")
+            assert not worker.stopping
+        assert job.attempts == 1 and job.result == 5
+    assert any("database error during" in r.getMessage() for r in caplog.records)
+
+
+def test_a_finished_attempt_is_recorded_after_the_lock_is_released(
+    make_app: Any, tmp_path: Path
+) -> None:
+    app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.1})
+    side = tmp_path / "side.log"
+    with app.app_context():
+        job = sample_app.record.enqueue(str(side), "slow", 0.5)
+        with running_worker(app, poll_interval=0.05, stale_after=30):
+            _wait_for(lambda: side.exists(), "the job to start")
+            with exclusive_lock(app):
+                # The task finishes while the database is locked; its outcome must wait.
+                _wait_for(lambda: "done" in side.read_text(), "the task to finish")
+                time.sleep(0.5)
+                assert job.refresh().status is JobStatus.RUNNING
+            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the outcome")
+        assert job.attempts == 1 and job.result == "slow"
+
+
+def test_worker_declared_dead_carries_on_under_a_new_id(make_app: Any) -> None:
+    app = make_app()
+    with app.app_context():
+        with running_worker(app, poll_interval=0.05, stale_after=0.4) as worker:
+            first = worker.id
+            _wait_for(lambda: _worker_ids(app) == [first], "the worker's row")
+            with _store(app).write() as conn:  # what a rescuer does to a stale worker
+                conn.execute(sa.delete(workers))
+            _wait_for(lambda: worker.id != first, "a new worker id")
+            _wait_for(lambda: _worker_ids(app) == [worker.id], "the new row")
+            job = sample_app.add.enqueue(4, 5)
+            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job")
+            assert job.worker_id == worker.id
+        assert _worker_ids(app) == []
+
+
+def _worker_ids(app: Flask) -> list[str]:
+    with _store(app).read() as conn:
+        return list(conn.execute(sa.select(workers.c.id)).scalars())
+
+
+def test_status_shows_jobs_with_a_status_it_does_not_know(make_app: Any) -> None:
+    app = make_app()
+    with app.app_context():
+        job = sample_app.add.enqueue(1, 1)
+        with _store(app).write() as conn:
+            conn.execute(sa.update(jobs).where(jobs.c.id == job.id).values(status="paused"))
+    result = app.test_cli_runner().invoke(args=["queue", "status"])
+    assert result.exit_code == 0, result.output
+    header, row = result.stdout.splitlines()[:2]
+    assert header.split()[-3:] == ["paused", "oldest", "eligible"]
+    assert row.split()[:7] == ["default", "0", "0", "0", "0", "0", "1"]
+    assert "unknown status 'paused'" in result.stderr
