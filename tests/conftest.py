@@ -41,8 +41,19 @@ def make_app(database_uri: str, tmp_path: Path) -> Iterator[Any]:
         app.extensions["sqlqueue"].store.engine.dispose()
 
 
-# No fixture is called `app`: pytest-flask, a test dependency, pushes a request context
-# around every test that uses one, which the leak detector below would report.
+# Not called `app`: pytest-flask, a test dependency, pushes a request context around
+# every test that uses a fixture of that name, which the leak detector would report.
+@pytest.fixture
+def sq_app(make_app: Any) -> Flask:
+    """The sample app on a fresh SQLite file, schema in place."""
+    return make_app()  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def ctx(sq_app: Flask) -> Iterator[Flask]:
+    """``sq_app`` with its app context pushed."""
+    with sq_app.app_context():
+        yield sq_app
 
 
 @pytest.fixture

@@ -36,9 +36,8 @@ QUEUE_TABLES = {"sqlqueue_jobs", "sqlqueue_job_effects", "sqlqueue_workers"}
 
 
 @pytest.fixture
-def flask_app(make_app: Any) -> Flask:
-    # Not named `app`: pytest-flask would push a request context around every such test.
-    return make_app()  # type: ignore[no-any-return]
+def flask_app(sq_app: Flask) -> Flask:
+    return sq_app
 
 
 def cli(flask_app: Flask, *args: str) -> Result:

@@ -1,7 +1,6 @@
 """Producing jobs through the extension, on real SQLite files.
 
-The tests use their own ``sq_app``/``ctx`` fixtures rather than conftest's ``app``/``app_ctx``:
-pytest-flask pushes a request context for any test that asks for a fixture named ``app``.
+The app fixtures are conftest's ``sq_app`` and ``ctx``.
 """
 
 from __future__ import annotations
@@ -30,17 +29,6 @@ from flask_sqlqueue import Job
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import SQLQueue
 from tests import sample_app
-
-
-@pytest.fixture
-def sq_app(make_app: Any) -> Flask:
-    return make_app()  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def ctx(sq_app: Flask) -> Iterator[Flask]:
-    with sq_app.app_context():
-        yield sq_app
 
 
 @pytest.fixture

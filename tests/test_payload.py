@@ -1,7 +1,6 @@
 """Job arguments are plain JSON: refused values name their path and write nothing.
 
-The tests use their own ``sq_app``/``ctx`` fixtures rather than conftest's ``app``/``app_ctx``:
-pytest-flask pushes a request context for any test that asks for a fixture named ``app``.
+The app fixtures are conftest's ``sq_app`` and ``ctx``.
 """
 
 from __future__ import annotations
@@ -9,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import math
 import sqlite3
-from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
 from decimal import Decimal
@@ -22,17 +20,6 @@ from flask import Flask
 
 from flask_sqlqueue import PayloadError
 from tests import sample_app
-
-
-@pytest.fixture
-def sq_app(make_app: Any) -> Flask:
-    return make_app()  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def ctx(sq_app: Flask) -> Iterator[Flask]:
-    with sq_app.app_context():
-        yield sq_app
 
 
 def _count_jobs(database_uri: str) -> int:

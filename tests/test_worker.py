@@ -11,7 +11,6 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
 from contextlib import closing
 from datetime import UTC
 from datetime import datetime
@@ -37,17 +36,6 @@ from flask_sqlqueue.core.store import Store
 from tests import sample_app
 
 WAIT = 10.0  # upper bound, in seconds, of every wait in this module
-
-
-@pytest.fixture
-def sq_app(make_app: Any) -> Flask:
-    return make_app()  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def ctx(sq_app: Flask) -> Iterator[Flask]:
-    with sq_app.app_context():
-        yield sq_app
 
 
 def store_of(app: Flask) -> Store:
