@@ -161,3 +161,24 @@ def test_status_shows_jobs_with_a_status_it_does_not_know(make_app: Any) -> None
     assert header.split()[-3:] == ["paused", "oldest", "eligible"]
     assert row.split()[:7] == ["default", "0", "0", "0", "0", "0", "1"]
     assert "unknown status 'paused'" in result.stderr
+
+
+def test_hand_edited_timestamps_do_not_break_claims(make_app: Any) -> None:
+    app = make_app()
+    with app.app_context():
+        odd = sample_app.add.enqueue(1, 1)
+        fine = sample_app.add.enqueue(2, 2)
+        with _store(app).write() as conn:  # text SQLite sorts before any real timestamp
+            conn.exec_driver_sql(
+                "UPDATE sqlqueue_jobs SET run_at = '1999 by hand', created_at = 'x' "
+                f"WHERE id = {odd.id}"
+            )
+        with running_worker(app, poll_interval=0.05, concurrency=2):
+            _wait_for(
+                lambda: _statuses(app) == {odd.id: "completed", fine.id: "completed"}, "both jobs"
+            )
+
+
+def _statuses(app: Flask) -> dict[int, str]:
+    with _store(app).read() as conn:
+        return dict(conn.execute(sa.select(jobs.c.id, jobs.c.status)).all())  # type: ignore[arg-type]

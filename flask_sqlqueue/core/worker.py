@@ -255,8 +255,9 @@ class Worker:
                 idle = not self._running
             try:
                 rows = self._claim(free)
-            except sa.exc.DBAPIError as exc:
-                # Never let a database fault end the worker: log, back off, try again.
+            except Exception as exc:
+                # Never let a database fault (or a row it cannot read) end the worker:
+                # the claim rolled back, so log, back off and try again.
                 self._log_db_error("claim", exc)
                 self._stopping.wait(min(poll, 1.0))
                 continue

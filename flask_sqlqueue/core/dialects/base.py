@@ -36,8 +36,6 @@ CLAIM_COLUMNS = (
     jobs.c.attempts,
     jobs.c.max_attempts,
     jobs.c.priority,
-    jobs.c.run_at,
-    jobs.c.created_at,
     jobs.c.idempotency_key,
     jobs.c.claim_token,
 )
@@ -68,8 +66,11 @@ def claim_values(worker_id: str, token: str, now: datetime) -> dict[str, Any]:
     }
 
 
-def claim_order(row: Row[Any]) -> tuple[int, datetime, int]:
-    return (-row.priority, row.run_at, row.id)
+def claim_order(row: Row[Any]) -> tuple[int, int]:
+    """Order within one claimed batch. Every job of a batch starts at once (a worker
+    claims only as many as it has free threads), so priority, then id, is enough; no
+    timestamp is decoded on the hot path, nor can a hand-edited one break a claim."""
+    return (-row.priority, row.id)
 
 
 def insert_once(stmt: Any, conn: Connection, unique: sa.Column[Any]) -> int | None:
