@@ -27,7 +27,6 @@ from .core import lifecycle
 from .core import queries
 from .core.enqueue import EnqueueOptions
 from .core.models import JobStatus
-from .core.models import utcnow
 from .core.payload import encode_payload
 from .core.worker import WorkerOptions
 from .exceptions import SQLQueueError
@@ -216,7 +215,7 @@ def status_command() -> None:
       flask queue status
     """
     state = _state()
-    now = utcnow()
+    now = state.store.now()
     with state.store.read() as conn:
         rows = queries.status(conn, now)
         waiting = queries.pending_tasks(conn)
@@ -385,7 +384,7 @@ def retry_command(
     if (queue or task) and not dead:
         raise click.UsageError("--queue and --task go with --dead.")
     state = _state()
-    now = utcnow()
+    now = state.store.now()
     if dead:
         n = state.store.run_write(lambda conn: lifecycle.replay_dead(conn, now, queue, task))
     else:
@@ -405,7 +404,7 @@ def cancel_command(job_ids: tuple[int, ...]) -> None:
       flask queue cancel 42 43
     """
     state = _state()
-    now = utcnow()
+    now = state.store.now()
     n = state.store.run_write(lambda conn: lifecycle.cancel(conn, job_ids, now))
     click.echo(f"Cancelled {n} job(s).")
 
@@ -434,7 +433,7 @@ def purge_command(status: str, older_than: str) -> None:
     age = parse_age(older_than)
     state = _state()
     try:
-        before = utcnow() - age
+        before = state.store.now() - age
     except OverflowError:
         raise click.ClickException(f"{older_than!r} is too long an age.") from None
     n = state.store.run_write(lambda conn: lifecycle.purge(conn, status, before))
@@ -451,7 +450,7 @@ def rescue_command() -> None:
       flask queue rescue
     """
     state = _state()
-    now = utcnow()
+    now = state.store.now()
     stale_before = now - timedelta(seconds=state.settings.stale_after)
     rescued = state.store.run_write(lambda conn: lifecycle.rescue_stale(conn, stale_before, now))
     for job_id, status, worker in rescued:

@@ -58,7 +58,7 @@ class UnsupportedDatabase(ConfigurationError):
 
     def __init__(self, name: str, supported: list[str]) -> None:
         super().__init__(
-            f"flask_sqlqueue cannot run on {name!r}; supported databases: {', '.join(supported)}."
+            f"flask_sqlqueue cannot run on {name}; supported databases: {', '.join(supported)}."
         )
 
 

@@ -60,6 +60,7 @@ class _State:
             # A read transaction: on SQLite a write one (BEGIN IMMEDIATE) would wait for,
             # and time out on, a caller's session= transaction that already wrote.
             schema.check(self.store.read_engine)
+            self.store.check_server()
             self._schema_ok = True
 
     def eager_worker(self, app: Flask) -> Worker:

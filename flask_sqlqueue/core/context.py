@@ -10,7 +10,6 @@ from ..exceptions import ClaimLost
 from ..exceptions import NoJobContext
 from .enqueue import check_key
 from .lifecycle import holds_claim
-from .models import utcnow
 
 if TYPE_CHECKING:
     from .store import Store
@@ -53,7 +52,7 @@ class JobContext:
         def reserve(conn: object) -> bool:
             if not holds_claim(conn, self.id, self.claim_token):  # type: ignore[arg-type]
                 raise ClaimLost(self.id)
-            return store.ops.insert_effect(conn, key, self.id, utcnow())  # type: ignore[arg-type]
+            return store.ops.insert_effect(conn, key, self.id, store.now())  # type: ignore[arg-type]
 
         return bool(store.run_write(reserve))
 

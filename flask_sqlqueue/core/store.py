@@ -6,11 +6,15 @@ transaction it opens is short, and none is ever held while a task runs.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
 from typing import Any
 from typing import TypeVar
 
@@ -60,6 +64,8 @@ class Store:
         self.ops.configure_engine(engine, settings)
         self.read_engine = engine.execution_options(**self.ops.read_options())
         self.identity = database_identity(engine.url)
+        self._clock_offset = timedelta(0)
+        self._clock_synced_at = -math.inf
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
 
     @classmethod
@@ -75,6 +81,9 @@ class Store:
             os.makedirs(os.path.dirname(os.path.abspath(url.database)) or ".", exist_ok=True)
         else:
             options.setdefault("pool_pre_ping", True)
+            # The claim's SKIP LOCKED reasoning assumes READ COMMITTED (MariaDB's default
+            # is REPEATABLE READ, whose snapshot would hide rows committed meanwhile).
+            options.setdefault("isolation_level", "READ COMMITTED")
         return cls(sa.create_engine(url, **options), settings)
 
     # -- transactions -----------------------------------------------------------------
@@ -103,7 +112,7 @@ class Store:
             payload,
             options,
             default_max_attempts=default_max_attempts or self.settings.max_attempts,
-            now=utcnow(),
+            now=self.now(),
         )
         target = options.session
         if isinstance(target, scoped_session):
@@ -140,6 +149,7 @@ class Store:
         for _ in range(3):
             job_id = ops.insert_job(conn, values)
             if job_id is not None:
+                ops.notify(conn)
                 return Job.from_row(
                     _Values(
                         id=job_id,
@@ -168,6 +178,39 @@ class Store:
                 f"{conn.engine.url.render_as_string()}."
             )
         return conn
+
+    # -- the database's clock ------------------------------------------------------------
+
+    def now(self) -> datetime:
+        """The database's current time, so workers on hosts with skewed clocks agree.
+
+        Servers are asked once a minute and the offset to the local clock is applied in
+        between (corrected for half the round trip); SQLite shares the host's clock.
+        """
+        if self.ops.clock_query is not None and time.monotonic() - self._clock_synced_at > 60:
+            self.sync_clock()
+        return utcnow() + self._clock_offset
+
+    def sync_clock(self) -> timedelta:
+        """Measure the database clock's offset from this host's; returns it."""
+        assert self.ops.clock_query is not None
+        self._clock_synced_at = time.monotonic()
+        try:
+            with self.read() as conn:
+                before = utcnow()
+                value = conn.exec_driver_sql(self.ops.clock_query).scalar_one()
+                after = utcnow()
+        except sa.exc.DBAPIError:
+            return self._clock_offset  # keep the last offset; try again in a minute
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        self._clock_offset = value - (before + (after - before) / 2)
+        return self._clock_offset
+
+    def check_server(self) -> None:
+        """Refuse a server version that cannot claim safely (no SKIP LOCKED)."""
+        with self.read() as conn:
+            self.ops.check_server(conn)
 
     # -- reading --------------------------------------------------------------------------
 

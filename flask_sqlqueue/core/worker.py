@@ -42,7 +42,6 @@ from .dialects.base import CLAIM_COLUMNS
 from .dialects.base import claim_values
 from .models import JobStatus
 from .models import jobs
-from .models import utcnow
 from .payload import decode_payload
 from .payload import encode_value
 from .store import Store
@@ -107,7 +106,7 @@ class Worker:
 
     :param job_context: called once per job; the job runs inside what it returns
         (the Flask extension passes ``app.app_context``).
-    :param clock: returns the current aware UTC time; injected for tests.
+    :param clock: returns the current aware UTC time (default: the database's clock).
     :param rng: the source of backoff jitter; injected for tests.
     """
 
@@ -118,17 +117,18 @@ class Worker:
         options: WorkerOptions | None = None,
         *,
         job_context: Callable[[], AbstractContextManager[Any]] | None = None,
-        clock: Callable[[], datetime] = utcnow,
+        clock: Callable[[], datetime] | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self.options = options or WorkerOptions(stale_after=store.settings.stale_after)
         self.job_context = job_context or nullcontext
-        self.clock = clock
+        self.clock = clock or store.now
         self.rng = rng or random.Random()
         self.id = _worker_id()
         self._stopping = threading.Event()
+        self._exited = threading.Event()
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[int, str] = {}  # job id -> claim token
@@ -158,10 +158,18 @@ class Worker:
             )
             for n in range(self.options.concurrency)
         ]
+        # Heartbeats go on through the grace period, until run() is done with every job.
+        self._exited.clear()
         heart = threading.Thread(
             target=self._heartbeat_loop, name="sqlqueue-heartbeat", daemon=True
         )
-        for thread in (*threads, heart):
+        listener = threading.Thread(
+            target=self.store.ops.listen,
+            args=(self.store.engine, self._wake, self._stopping),
+            name="sqlqueue-listen",
+            daemon=True,
+        )
+        for thread in (*threads, heart, listener):
             thread.start()
         self.store.add_waiter(self._wake)
         log.info(
@@ -179,7 +187,9 @@ class Worker:
             for _ in threads:
                 inbox.put(None)
             self._finish_running()
+            self._exited.set()
             heart.join(timeout=5)
+            listener.join(timeout=5)
             self.close()
 
     def stop(self) -> None:
@@ -474,7 +484,7 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         interval = self.options.heartbeat_interval
-        while not self._stopping.wait(interval):
+        while not self._exited.wait(interval):
             try:
                 alive = self.store.run_write(
                     lambda conn: lifecycle.heartbeat(conn, self.id, self.clock()), within=interval

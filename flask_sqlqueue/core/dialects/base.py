@@ -8,6 +8,7 @@ subclass overrides only what its database does differently.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from collections.abc import Sequence
 from datetime import datetime
@@ -99,6 +100,22 @@ class DialectOps:
 
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         """Install whatever connection set-up the database needs. Default: nothing."""
+
+    #: A query for the database's own current UTC time; ``None`` where the database
+    #: runs on the worker's host and clock (SQLite).
+    clock_query: ClassVar[str | None] = None
+
+    def check_server(self, conn: Connection) -> None:
+        """Refuse a server that cannot claim safely. Default: nothing to check."""
+
+    def notify(self, conn: Connection) -> None:
+        """Tell listening workers, on commit, that a job may be eligible. Default: no-op."""
+
+    def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
+        """Set ``wake`` whenever another process enqueues, until ``stop`` is set.
+
+        Runs on a thread of its own. Default: return at once; polling finds new jobs.
+        """
 
     def read_options(self) -> dict[str, Any]:
         """Execution options that mark a transaction as read-only for :meth:`configure_engine`."""

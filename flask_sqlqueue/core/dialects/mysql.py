@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import Connection
 
+from ...exceptions import UnsupportedDatabase
 from ..models import effects
 from ..models import jobs
 from .base import CLAIM_COLUMNS
@@ -27,6 +28,19 @@ from .base import claim_values
 
 class MySQLOps(DialectOps):
     name = "mysql"
+    clock_query = "SELECT UTC_TIMESTAMP(6)"
+
+    def check_server(self, conn: Connection) -> None:
+        version = tuple(conn.dialect.server_version_info or (0,))
+        is_mariadb = bool(getattr(conn.dialect, "is_mariadb", False))
+        needed = (10, 6) if is_mariadb else (8, 0)
+        if version[:2] < needed:
+            name = "MariaDB" if is_mariadb else "MySQL"
+            raise UnsupportedDatabase(
+                f"{name} {'.'.join(map(str, version))} (SKIP LOCKED needs "
+                f"{'.'.join(map(str, needed))} or newer)",
+                supported=["postgresql>=9.5", "mariadb>=10.6", "mysql>=8.0", "sqlite>=3.35"],
+            )
 
     def claim(
         self,

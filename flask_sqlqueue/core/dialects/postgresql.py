@@ -1,19 +1,69 @@
-"""PostgreSQL: row locks with ``FOR UPDATE SKIP LOCKED``.
+"""PostgreSQL: row locks with ``FOR UPDATE SKIP LOCKED``, and LISTEN/NOTIFY wake-ups.
 
-The inner SELECT locks the candidate rows and skips rows another worker has locked, so
-concurrent claimers take disjoint sets without waiting; the outer UPDATE re-checks
-``status = 'pending'`` because at READ COMMITTED a row may have changed between the
-snapshot and the lock.
+The claim's inner SELECT locks the candidate rows and skips rows another worker has
+locked, so concurrent claimers take disjoint sets without waiting; the outer UPDATE
+re-checks ``status = 'pending'`` because at READ COMMITTED a row may have changed
+between the snapshot and the lock.
+
+Every enqueue sends ``NOTIFY sqlqueue_jobs`` in its own transaction, so it is delivered
+only if the job commits. Workers LISTEN for it as a hint to claim at once; polling stays
+the truth, so a notification lost while reconnecting costs at most one poll interval.
 """
 
 from __future__ import annotations
 
-from sqlalchemy.dialects.postgresql import insert as pg_insert
+import logging
+import threading
 
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Engine
+
+from ...exceptions import UnsupportedDatabase
 from .base import DialectOps
+
+CHANNEL = "sqlqueue_jobs"
+log = logging.getLogger("flask_sqlqueue.worker")
+MIN_VERSION = (9, 5)  # FOR UPDATE SKIP LOCKED
 
 
 class PostgresOps(DialectOps):
     name = "postgresql"
     insert = staticmethod(pg_insert)
     skip_locked = True
+    clock_query = "SELECT CURRENT_TIMESTAMP"
+
+    def check_server(self, conn: Connection) -> None:
+        version = conn.dialect.server_version_info or (0,)
+        if tuple(version[:2]) < MIN_VERSION:
+            raise UnsupportedDatabase(
+                f"PostgreSQL {'.'.join(map(str, version))} (SKIP LOCKED needs 9.5 or newer)",
+                supported=["postgresql>=9.5", "mariadb>=10.6", "mysql>=8.0", "sqlite>=3.35"],
+            )
+
+    def notify(self, conn: Connection) -> None:
+        conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
+
+    def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
+        if engine.dialect.driver != "psycopg":
+            return  # LISTEN needs psycopg 3's notifies(); other drivers just poll
+        pause = 0.5
+        while not stop.is_set():
+            raw = None
+            try:
+                raw = engine.raw_connection()
+                driver = raw.driver_connection
+                driver.autocommit = True  # type: ignore[union-attr]
+                driver.execute(f"LISTEN {CHANNEL}")  # type: ignore[union-attr]
+                wake.set()  # anything enqueued while we were not listening
+                pause = 0.5
+                while not stop.is_set():
+                    for _ in driver.notifies(timeout=1.0, stop_after=1):  # type: ignore[union-attr]
+                        wake.set()
+            except Exception as exc:  # never let a dropped connection end the worker
+                log.warning("LISTEN %s failed (%s); polling until it reconnects", CHANNEL, exc)
+                stop.wait(pause)
+                pause = min(pause * 2, 30.0)
+            finally:
+                if raw is not None:
+                    raw.invalidate()  # a LISTENing autocommit connection must not be reused

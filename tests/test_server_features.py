@@ -1,0 +1,134 @@
+"""What only the server databases do: LISTEN/NOTIFY wake-ups, the database clock,
+and refusing servers without SKIP LOCKED."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from flask_sqlqueue import JobStatus
+from flask_sqlqueue import WorkerOptions
+from tests import sample_app
+from tests.conftest import ROOT
+from tests.conftest import flask_env
+
+ENQUEUE = (
+    "from tests import sample_app\n"
+    "app = sample_app.create_app()\n"
+    "with app.app_context():\n"
+    "    print(sample_app.add.enqueue(20, 22).id)\n"
+)
+
+
+def _fresh_database(var: str) -> Iterator[str]:
+    url = os.environ.get(var)
+    if not url:
+        pytest.skip(f"set {var} to run this test")
+    base = sa.make_url(url)
+    name = f"sqlqueue_feature_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:  # set but unreachable: this raises, the test fails
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        force = " WITH (FORCE)" if admin.dialect.name == "postgresql" else ""
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}{force}")
+        admin.dispose()
+
+
+@pytest.fixture
+def postgres_uri() -> Iterator[str]:
+    yield from _fresh_database("SQLQUEUE_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(params=["SQLQUEUE_TEST_POSTGRES_URL", "SQLQUEUE_TEST_MYSQL_URL"])
+def server_uri(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from _fresh_database(request.param)
+
+
+def test_idle_worker_wakes_on_notify_long_before_its_poll(postgres_uri: str) -> None:
+    app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": postgres_uri})
+    sample_app.queue.upgrade_database(app=app)
+    worker = sample_app.queue.worker(WorkerOptions(poll_interval=60, grace=1), app)
+    thread = threading.Thread(target=worker.run, name="sqlqueue-test-listen")
+    thread.start()
+    try:
+        time.sleep(1.0)  # the worker has polled once and now waits up to 60 s
+        started = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-c", ENQUEUE],
+            env=flask_env(postgres_uri),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        job_id = int(out.stdout.strip())
+        job: Any = None
+        with app.app_context():
+            while time.monotonic() - started < 20:
+                job = sample_app.queue.get_job(job_id)
+                if job is not None and job.status is JobStatus.COMPLETED:
+                    break
+                time.sleep(0.05)
+        assert job is not None and job.status is JobStatus.COMPLETED, "not woken by NOTIFY"
+        assert job.result == 42
+    finally:
+        worker.stop()
+        thread.join(15)
+        app.extensions["sqlqueue"].store.engine.dispose()
+    assert not thread.is_alive()
+
+
+def test_a_skewed_host_uses_the_database_clock(
+    server_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flask_sqlqueue.core import store as store_module
+
+    app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": server_uri})
+    sample_app.queue.upgrade_database(app=app)
+    store = app.extensions["sqlqueue"].store
+    try:
+        real = store_module.utcnow
+        # This host's clock runs two hours fast.
+        monkeypatch.setattr(store_module, "utcnow", lambda: real() + timedelta(hours=2))
+        offset = store.sync_clock()
+        assert abs(offset + timedelta(hours=2)) < timedelta(seconds=2)
+        assert abs(store.now() - real()) < timedelta(seconds=2)
+        with app.app_context():
+            job = sample_app.add.enqueue(1, 2)  # eligible now by the database's clock
+            assert abs(job.run_at - real()) < timedelta(seconds=2)
+            sample_app.queue.worker(WorkerOptions(grace=1), app).run(burst=True)
+            assert job.refresh().status is JobStatus.COMPLETED
+    finally:
+        store.engine.dispose()
+
+
+def test_a_server_without_skip_locked_is_refused(server_uri: str) -> None:
+    from flask_sqlqueue import ConfigurationError
+
+    app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": server_uri})
+    store = app.extensions["sqlqueue"].store
+    try:
+        store.check_server()  # the real server is new enough
+        with store.engine.connect() as conn:
+            conn.dialect.server_version_info = (
+                (9, 4) if conn.dialect.name == "postgresql" else (10, 5, 9)
+            )
+        with pytest.raises(ConfigurationError, match=r"SKIP LOCKED needs"):
+            store.check_server()
+    finally:
+        store.engine.dispose()
