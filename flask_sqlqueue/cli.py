@@ -508,6 +508,28 @@ def _json_arg(flag: str, text: str, kind: type, name: str) -> Any:
     return value
 
 
+@queue_cli.command("doctor")
+@_clean_errors
+def doctor_command() -> None:
+    """Check the queue's database: schema, SQLite settings or server version and SKIP
+    LOCKED, clock skew, stale workers, jobs no worker here can run. Exit 1 on a failure.
+
+    \b
+    Example:
+      flask queue doctor
+    """
+    from .doctor import FAIL
+    from .doctor import diagnose
+
+    state = _state(check_schema=False)
+    findings = diagnose(state.store, state.queue.registry)
+    for finding in findings:
+        line = f"{finding.level:<4}  {finding.message}"
+        click.echo(line + (f"\n      fix: {finding.fix}" if finding.fix else ""))
+    if any(f.level == FAIL for f in findings):
+        sys.exit(1)
+
+
 # -- schema -------------------------------------------------------------------------------------
 
 
