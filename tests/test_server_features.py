@@ -1,5 +1,5 @@
-"""What only the server databases do: LISTEN/NOTIFY wake-ups, the database clock,
-and refusing servers without SKIP LOCKED."""
+"""Wake-ups across processes (PostgreSQL LISTEN/NOTIFY, SQLite same-host sockets), the
+database clock, and refusing servers without SKIP LOCKED."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,9 +49,12 @@ def _fresh_database(var: str) -> Iterator[str]:
         admin.dispose()
 
 
-@pytest.fixture
-def postgres_uri() -> Iterator[str]:
-    yield from _fresh_database("SQLQUEUE_TEST_POSTGRES_URL")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def wake_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'queue.db'}"
+    else:
+        yield from _fresh_database("SQLQUEUE_TEST_POSTGRES_URL")
 
 
 @pytest.fixture(params=["SQLQUEUE_TEST_POSTGRES_URL", "SQLQUEUE_TEST_MYSQL_URL"])
@@ -58,8 +62,8 @@ def server_uri(request: pytest.FixtureRequest) -> Iterator[str]:
     yield from _fresh_database(request.param)
 
 
-def test_idle_worker_wakes_on_notify_long_before_its_poll(postgres_uri: str) -> None:
-    app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": postgres_uri})
+def test_idle_worker_wakes_for_another_process_long_before_its_poll(wake_uri: str) -> None:
+    app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": wake_uri})
     sample_app.queue.upgrade_database(app=app)
     worker = sample_app.queue.worker(WorkerOptions(poll_interval=60, grace=1), app)
     thread = threading.Thread(target=worker.run, name="sqlqueue-test-listen")
@@ -69,7 +73,7 @@ def test_idle_worker_wakes_on_notify_long_before_its_poll(postgres_uri: str) -> 
         started = time.monotonic()
         out = subprocess.run(
             [sys.executable, "-c", ENQUEUE],
-            env=flask_env(postgres_uri),
+            env=flask_env(wake_uri),
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -84,7 +88,9 @@ def test_idle_worker_wakes_on_notify_long_before_its_poll(postgres_uri: str) -> 
                 if job is not None and job.status is JobStatus.COMPLETED:
                     break
                 time.sleep(0.05)
-        assert job is not None and job.status is JobStatus.COMPLETED, "not woken by NOTIFY"
+        assert job is not None and job.status is JobStatus.COMPLETED, (
+            "not woken by the other process"
+        )
         assert job.result == 42
     finally:
         worker.stop()

@@ -28,6 +28,7 @@ from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
 from ..exceptions import QueueUnavailable
+from . import wakeup
 from .dialects import DialectOps
 from .dialects import for_dialect
 from .enqueue import EnqueueOptions
@@ -64,6 +65,9 @@ class Store:
         self.ops.configure_engine(engine, settings)
         self.read_engine = engine.execution_options(**self.ops.read_options())
         self.identity = database_identity(engine.url)
+        self._wake_dir = (
+            wakeup.wake_dir(engine.url.database or "") if self.ops.name == "sqlite" else None
+        )
         self._clock_offset = timedelta(0)
         self._clock_synced_at = -math.inf
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
@@ -230,10 +234,12 @@ class Store:
             _waiters.get(self.identity, weakref.WeakSet()).discard(event_)
 
     def wake(self) -> None:
+        """Wake idle workers after a commit: in this process, and on SQLite on this host."""
         with _waiters_lock:
             waiting = list(_waiters.get(self.identity, ()))
         for waiter in waiting:
             waiter.set()
+        wakeup.broadcast(self._wake_dir)
 
     # -- resilience -------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ The claim is the shared single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RET
 from __future__ import annotations
 
 import sqlite3
+import threading
 from typing import Any
 
 from sqlalchemy import event
@@ -20,6 +21,7 @@ from sqlalchemy.engine import Engine
 
 from ...config import Settings
 from ...exceptions import ConfigurationError
+from .. import wakeup
 from .base import DialectOps
 
 _READ = "sqlqueue_read"
@@ -62,6 +64,9 @@ class SQLiteOps(DialectOps):
                 conn.exec_driver_sql("BEGIN")
             else:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
+        wakeup.listen(wakeup.wake_dir(engine.url.database or ""), wake, stop)
 
     def read_options(self) -> dict[str, Any]:
         return {_READ: True}

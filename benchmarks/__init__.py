@@ -1,0 +1,3 @@
+"""Benchmarks and the chaos suite (``python benchmarks/chaos.py --help``)."""
+
+from __future__ import annotations
