@@ -15,6 +15,7 @@ from typing import ParamSpec
 from typing import TypeVar
 from typing import overload
 
+from flask import Blueprint
 from flask import Flask
 from flask import current_app
 from sqlalchemy.engine import Connection
@@ -236,6 +237,23 @@ class SQLQueue:
         state = self.state()
         state.ensure_schema()
         return state.store.get_job(job_id)
+
+    def admin_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
+        """The admin dashboard as a blueprint named ``"sqlqueue"``; register it with a
+        ``url_prefix``. It is closed by default: every request calls ``authorize()`` and
+        gets 403 unless it returns something truthy, and without ``authorize`` every
+        request gets 403. Its forms need ``app.secret_key`` (CSRF tokens).
+
+        ::
+
+            app.register_blueprint(
+                queue.admin_blueprint(authorize=lambda: current_user.is_admin),
+                url_prefix="/queue",
+            )
+        """
+        from .admin import create_blueprint
+
+        return create_blueprint(self, authorize)
 
     # -- running --------------------------------------------------------------------------------
 

@@ -60,6 +60,12 @@ def gives_up() -> None:
     raise PermanentFailure("invalid account")
 
 
+@queue.task(max_attempts=1)
+def fails_with_odd_text() -> None:
+    """Raises with text no database stores as is: a NUL (PostgreSQL) and a lone surrogate."""
+    raise ValueError("nul \x00 and lone \ud800 end")
+
+
 @queue.task
 def bad_result() -> object:
     return object()

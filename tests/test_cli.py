@@ -1,4 +1,4 @@
-"""``flask queue ...``: every command, in-process with Flask's CLI runner on a SQLite file.
+"""``flask queue ...``: every command, in-process with Flask's CLI runner, on every backend.
 
 Where a real process matters (``work --burst``) the command runs as ``flask`` in a subprocess.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 
 from flask_sqlqueue.core.models import workers
@@ -63,10 +64,9 @@ def test_stale_workers_unknown_tasks_and_dead_jobs_are_reported(make_app: Any) -
     assert "warn  1 dead job(s)" in result.stdout
 
 
+@pytest.mark.sqlite_only  # the setting applies to SQLite only
 def test_a_weak_sqlite_setting_is_a_warning(make_app: Any) -> None:
     app = make_app({"SQLQUEUE_SQLITE_SYNCHRONOUS": "NORMAL"})
-    if app.extensions["sqlqueue"].store.engine.dialect.name != "sqlite":
-        return  # the setting applies to SQLite only
     result = _doctor(app)
     assert result.exit_code == 0
     assert "warn  synchronous=NORMAL" in result.stdout

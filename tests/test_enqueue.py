@@ -1,12 +1,11 @@
-"""Producing jobs through the extension, on real SQLite files.
+"""Producing jobs through the extension, on every backend.
 
 The app fixtures are conftest's ``sq_app`` and ``ctx``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import sqlite3
+import re
 from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
@@ -29,25 +28,23 @@ from flask_sqlqueue import Job
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import SQLQueue
 from tests import sample_app
+from tests.conftest import query
+from tests.conftest import query_dicts
 
 
 @pytest.fixture
 def engine(database_uri: str) -> Iterator[sa.Engine]:
-    """An engine of the app's own, separate from the queue's, on the queue's database file."""
+    """An engine of the app's own, separate from the queue's, on the queue's database."""
     engine = sa.create_engine(database_uri)
     yield engine
     engine.dispose()
 
 
-def _db_path(database_uri: str) -> Path:
-    return Path(database_uri.removeprefix("sqlite:///"))
-
-
-def _rows(database_uri: str, sql: str = "SELECT * FROM sqlqueue_jobs ORDER BY id") -> list[Any]:
-    """Query the file on a fresh connection: sees exactly what has been committed."""
-    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn:
-        conn.row_factory = sqlite3.Row
-        return conn.execute(sql).fetchall()
+def _rows(
+    database_uri: str, sql: str = "SELECT * FROM sqlqueue_jobs ORDER BY id"
+) -> list[dict[str, Any]]:
+    """Query on a fresh connection of its own: sees exactly what has been committed."""
+    return query_dicts(database_uri, sql)
 
 
 def _count(database_uri: str) -> int:
@@ -70,10 +67,15 @@ def _dispose(*apps: Flask) -> None:
 # -- enqueue and the Job it returns ----------------------------------------------------------------
 
 
+def _now() -> datetime:
+    """The queue's clock: the database's own on a server, this host's on SQLite."""
+    return sample_app.queue.state().store.now()
+
+
 def test_enqueue_returns_a_committed_job(ctx: Flask, database_uri: str) -> None:
-    before = datetime.now(UTC)
+    before = _now()
     job = sample_app.add.enqueue(2, 3)
-    after = datetime.now(UTC)
+    after = _now()
 
     assert isinstance(job, Job)
     assert isinstance(job.id, int)
@@ -167,15 +169,17 @@ def test_using_overrides_only_what_it_sets(ctx: Flask, queue: SQLQueue) -> None:
 def test_delay_pushes_run_at(
     ctx: Flask, queue: SQLQueue, delay: float | timedelta, expected: timedelta
 ) -> None:
-    before = datetime.now(UTC)
+    before = _now()
     job = sample_app.add.using(delay=delay).enqueue(1, 1)
     stored = queue.get_job(job.id)
     assert stored is not None
     assert stored.run_at - stored.created_at == expected
-    assert before + expected <= stored.run_at <= datetime.now(UTC) + expected
+    assert before + expected <= stored.run_at <= _now() + expected
 
 
-def test_run_at_is_stored_as_utc(ctx: Flask, queue: SQLQueue, database_uri: str) -> None:
+def test_run_at_is_stored_as_utc(
+    ctx: Flask, queue: SQLQueue, database_uri: str, backend: str
+) -> None:
     plus_two = timezone(timedelta(hours=2))
     when = datetime(2031, 6, 1, 12, 30, 15, 250000, tzinfo=plus_two)
 
@@ -187,7 +191,14 @@ def test_run_at_is_stored_as_utc(ctx: Flask, queue: SQLQueue, database_uri: str)
     assert stored.run_at.utcoffset() == timedelta(0)
     assert stored.run_at.hour == 10
     (row,) = _rows(database_uri)
-    assert row["run_at"] == "2031-06-01 10:30:15.250000"
+    # As each database keeps it: SQLite as text, MariaDB as a zoneless DATETIME, both in
+    # UTC; PostgreSQL as a timestamptz (an instant), read back here in the session's zone.
+    stored_as = {
+        "sqlite": "2031-06-01 10:30:15.250000",
+        "mysql": datetime(2031, 6, 1, 10, 30, 15, 250000),
+        "postgresql": datetime(2031, 6, 1, 10, 30, 15, 250000, tzinfo=UTC),
+    }
+    assert row["run_at"] == stored_as[backend]
 
 
 def test_timestamps_are_aware_utc(ctx: Flask, queue: SQLQueue) -> None:
@@ -330,6 +341,18 @@ def test_same_idempotency_key_returns_the_same_job(
     assert _count(database_uri) == 2
 
 
+def test_idempotency_keys_are_compared_exactly(ctx: Flask, queue: SQLQueue) -> None:
+    # Keys a case-, accent- or pad-insensitive comparison would take for one another.
+    keys = ["order-1", "ORDER-1", "Order-1", "café", "cafe", "key", "key ", "straße", "strasse"]
+    ids = {key: sample_app.add.using(idempotency_key=key).enqueue(1, 1).id for key in keys}
+
+    assert len(set(ids.values())) == len(keys)
+    for key, job_id in ids.items():
+        stored = queue.get_job(job_id)
+        assert stored is not None and stored.idempotency_key == key
+        assert sample_app.add.using(idempotency_key=key).enqueue(2, 2).id == job_id
+
+
 # -- transactional enqueue -------------------------------------------------------------------------
 
 
@@ -401,6 +424,7 @@ def test_session_idempotency_key_inside_the_transaction(
     assert _count(database_uri) == 2
 
 
+@pytest.mark.sqlite_only
 def test_session_on_the_same_file_by_another_path_is_accepted(
     ctx: Flask, queue: SQLQueue, tmp_path: Path
 ) -> None:
@@ -416,16 +440,17 @@ def test_session_on_the_same_file_by_another_path_is_accepted(
 
 
 def test_session_on_another_database_is_refused(
-    ctx: Flask, queue: SQLQueue, tmp_path: Path, database_uri: str
+    ctx: Flask, queue: SQLQueue, database_uri: str, other_database_uri: str
 ) -> None:
-    other_uri = f"sqlite:///{tmp_path / 'app.db'}"
-    other = sa.create_engine(other_uri)
+    other = sa.create_engine(other_database_uri)
+    other_name = sa.make_url(other_database_uri).database
+    assert other_name
     try:
         with Session(other) as session:
             session.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
             with pytest.raises(ValueError, match="session= must be bound to the queue's own"):
                 sample_app.add.using(session=session).enqueue(1, 2)
-            with pytest.raises(ValueError, match=r"app\.db"):
+            with pytest.raises(ValueError, match=re.escape(other_name)):
                 queue.enqueue("echo", session=session)
             session.commit()
         with other.connect() as conn:
@@ -492,19 +517,17 @@ def test_get_job_of_an_unknown_id_is_none(ctx: Flask, queue: SQLQueue) -> None:
 
 def test_refresh_rereads_the_row(ctx: Flask, database_uri: str) -> None:
     job = sample_app.add.enqueue(1, 1)
-    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn, conn:
-        conn.execute(
-            "UPDATE sqlqueue_jobs SET status = 'cancelled', priority = 42, attempts = 2 "
-            "WHERE id = ?",
-            (job.id,),
-        )
+    query(
+        database_uri,
+        "UPDATE sqlqueue_jobs SET status = 'cancelled', priority = 42, attempts = 2 WHERE id = :id",
+        id=job.id,
+    )
     assert job.status is JobStatus.PENDING  # a snapshot, not live
 
     assert job.refresh() is job
     assert (job.status, job.priority, job.attempts) == (JobStatus.CANCELLED, 42, 2)
 
-    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn, conn:
-        conn.execute("DELETE FROM sqlqueue_jobs WHERE id = ?", (job.id,))
+    query(database_uri, "DELETE FROM sqlqueue_jobs WHERE id = :id", id=job.id)
     with pytest.raises(LookupError, match=f"Job {job.id}"):
         job.refresh()
 
@@ -526,8 +549,8 @@ def test_producing_outside_an_app_context_is_refused(
     assert _count(database_uri) == 0
 
 
-def test_app_passed_to_the_constructor(tmp_path: Path) -> None:
-    app = _new_app(tmp_path, "ctor", SQLQUEUE_DATABASE_URI=f"sqlite:///{tmp_path / 'ctor.db'}")
+def test_app_passed_to_the_constructor(tmp_path: Path, database_uri: str) -> None:
+    app = _new_app(tmp_path, "ctor", SQLQUEUE_DATABASE_URI=database_uri)
     queue = SQLQueue(app)
 
     @queue.task
@@ -585,9 +608,10 @@ def test_duplicate_task_names_are_refused() -> None:
     assert len(queue.registry) == 2
 
 
-def test_one_queue_serves_two_apps_on_two_databases(tmp_path: Path, queue: SQLQueue) -> None:
-    uri_a = f"sqlite:///{tmp_path / 'a.db'}"
-    uri_b = f"sqlite:///{tmp_path / 'b.db'}"
+def test_one_queue_serves_two_apps_on_two_databases(
+    queue: SQLQueue, database_uri: str, other_database_uri: str
+) -> None:
+    uri_a, uri_b = database_uri, other_database_uri
     app_a = sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri_a})
     app_b = sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri_b})
     try:
@@ -613,6 +637,7 @@ def test_one_queue_serves_two_apps_on_two_databases(tmp_path: Path, queue: SQLQu
     assert [r["task"] for r in _rows(uri_b)] == ["echo", "echo"]
 
 
+@pytest.mark.sqlite_only
 def test_database_defaults_to_a_file_in_the_instance_folder(tmp_path: Path) -> None:
     instance = tmp_path / "instance-default"
     app = Flask("default_db", instance_path=str(instance))

@@ -1,4 +1,8 @@
-"""The example app: its endpoints and tasks on a real SQLite file, and the demo script."""
+"""The example app: its endpoints and tasks on every backend, and the demo script.
+
+On SQLite the app keeps its default database, a file in its instance folder; on the
+servers ``SQLQUEUE_DATABASE_URI`` points it at the test's fresh database.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from example_app import create_app
 from example_app.tasks import handle_payment_event
 from example_app.tasks import queue
 from flask_sqlqueue import WorkerOptions
+from tests.conftest import query
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_ENV = ("EXAMPLE_DATABASE_URI", "EXAMPLE_INSTANCE_PATH", "EXAMPLE_FLAKY_FAILURE_RATE")
@@ -29,16 +34,19 @@ MakeShop = Callable[..., Flask]
 
 
 @pytest.fixture
-def make_shop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakeShop]:
-    """Build the example app with its default database: a SQLite file in its instance folder
-    (here a temporary one), with the queue's tables created."""
+def make_shop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_uri: str, backend: str
+) -> Iterator[MakeShop]:
+    """Build the example app with the queue's tables created. On SQLite it uses its default
+    database, a file in its instance folder (here a temporary one)."""
     for name in EXAMPLE_ENV:
         monkeypatch.delenv(name, raising=False)
     made: list[Flask] = []
+    database = {} if backend == "sqlite" else {"SQLQUEUE_DATABASE_URI": database_uri}
 
     def make(**config: Any) -> Flask:
         app = create_app(
-            {"TESTING": True, "EXAMPLE_REPORT_SECONDS": 0, **config},
+            {"TESTING": True, "EXAMPLE_REPORT_SECONDS": 0, **database, **config},
             instance_path=str(tmp_path / "instance"),
         )
         queue.upgrade_database(app=app)
@@ -60,11 +68,9 @@ def database_file(app: Flask) -> Path:
 
 
 def job_rows(app: Flask) -> list[tuple[Any, ...]]:
-    """The jobs table read straight from the file, bypassing the queue's code."""
-    with closing(sqlite3.connect(database_file(app))) as conn:
-        return conn.execute(
-            "SELECT id, task, status, idempotency_key FROM sqlqueue_jobs ORDER BY id"
-        ).fetchall()
+    """The jobs table read on a connection of its own, bypassing the queue's code."""
+    url = app.extensions["sqlqueue"].store.engine.url.render_as_string(hide_password=False)
+    return query(url, "SELECT id, task, status, idempotency_key FROM sqlqueue_jobs ORDER BY id")
 
 
 def work_burst(app: Flask) -> None:
@@ -90,6 +96,7 @@ PAID = {"id": "evt_1001", "type": "payment.succeeded", "data": {"amount": 1299}}
 # -- configuration -----------------------------------------------------------------------------
 
 
+@pytest.mark.sqlite_only
 def test_default_database_is_a_sqlite_file_in_the_instance_folder(shop: Flask) -> None:
     assert database_file(shop) == Path(shop.instance_path) / "sqlqueue.db"
     assert database_file(shop).is_file()

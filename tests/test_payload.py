@@ -5,9 +5,7 @@ The app fixtures are conftest's ``sq_app`` and ``ctx``.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sqlite3
 from datetime import UTC
 from datetime import datetime
 from decimal import Decimal
@@ -20,13 +18,13 @@ from flask import Flask
 
 from flask_sqlqueue import PayloadError
 from tests import sample_app
+from tests.conftest import query
 
 
 def _count_jobs(database_uri: str) -> int:
     """Rows in the jobs table, read on a fresh connection of its own."""
-    path = Path(database_uri.removeprefix("sqlite:///"))
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        return int(conn.execute("SELECT count(*) FROM sqlqueue_jobs").fetchone()[0])
+    ((count,),) = query(database_uri, "SELECT count(*) FROM sqlqueue_jobs")
+    return int(count)
 
 
 class _Colour(IntEnum):
@@ -193,11 +191,9 @@ def test_shared_but_not_circular_values_are_accepted(ctx: Flask, queue: Any) -> 
 
 def test_payload_is_stored_as_json_text(ctx: Flask, database_uri: str) -> None:
     job = sample_app.echo.enqueue("é", 1, key=[True, None])
-    path = Path(database_uri.removeprefix("sqlite:///"))
-    with contextlib.closing(sqlite3.connect(path)) as conn:
-        (payload,) = conn.execute(
-            "SELECT payload FROM sqlqueue_jobs WHERE id = ?", (job.id,)
-        ).fetchone()
+    ((payload,),) = query(
+        database_uri, "SELECT payload FROM sqlqueue_jobs WHERE id = :id", id=job.id
+    )
     assert payload == '{"args":["é",1],"kwargs":{"key":[true,null]}}'
 
 

@@ -1,4 +1,7 @@
-"""Database faults and lost heartbeats, in-process on a real SQLite file.
+"""Database faults and lost heartbeats, in-process.
+
+The locked-database tests are about SQLite's single write lock and run on SQLite only;
+the rest run on every backend.
 
 A locked database must never end a worker or burn an attempt, an enqueue that cannot
 reach the database must say so and write nothing, and a worker declared dead while cut
@@ -83,6 +86,7 @@ def running_worker(app: Flask, **options: Any) -> Iterator[Any]:
     assert not errors, f"the worker died: {errors[0]!r}"
 
 
+@pytest.mark.sqlite_only
 def test_enqueue_on_a_locked_database_says_so_and_writes_nothing(make_app: Any) -> None:
     app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.2})
     with app.app_context():
@@ -93,6 +97,7 @@ def test_enqueue_on_a_locked_database_says_so_and_writes_nothing(make_app: Any) 
         assert _count(app) == 1
 
 
+@pytest.mark.sqlite_only
 def test_worker_survives_a_locked_database_without_burning_attempts(
     make_app: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -110,6 +115,7 @@ def test_worker_survives_a_locked_database_without_burning_attempts(
     assert any("database error during" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.sqlite_only
 def test_a_finished_attempt_is_recorded_after_the_lock_is_released(
     make_app: Any, tmp_path: Path
 ) -> None:
@@ -163,6 +169,7 @@ def test_status_shows_jobs_with_a_status_it_does_not_know(make_app: Any) -> None
     assert "unknown status 'paused'" in result.stderr
 
 
+@pytest.mark.sqlite_only
 def test_hand_edited_timestamps_do_not_break_claims(make_app: Any) -> None:
     app = make_app()
     with app.app_context():

@@ -1,5 +1,7 @@
 """The queue's schema: the start-up check, its own Alembic history, and SQLite's settings.
 
+The schema tests run on every backend; the SQLite connection settings on SQLite only.
+
 The tests use their own fixtures rather than conftest's ``app``/``app_ctx``: pytest-flask
 pushes a request context for any test that asks for a fixture named ``app``.
 """
@@ -28,6 +30,8 @@ from flask_sqlqueue.core.models import VERSION_TABLE
 from flask_sqlqueue.core.models import metadata
 from flask_sqlqueue.core.store import Store
 from tests import sample_app
+from tests.conftest import query
+from tests.conftest import table_names
 
 QUEUE_TABLES = {"sqlqueue_jobs", "sqlqueue_job_effects", "sqlqueue_workers"}
 HINT = "flask queue db upgrade"
@@ -40,15 +44,11 @@ def _db_path(database_uri: str) -> Path:
 
 def _sql(database_uri: str, sql: str) -> list[tuple[Any, ...]]:
     """Run ``sql`` on a fresh connection of its own and commit."""
-    with contextlib.closing(sqlite3.connect(_db_path(database_uri))) as conn, conn:
-        return conn.execute(sql).fetchall()
+    return query(database_uri, sql)
 
 
 def _tables(database_uri: str) -> set[str]:
-    return {
-        name
-        for (name,) in _sql(database_uri, "SELECT name FROM sqlite_master WHERE type = 'table'")
-    }
+    return table_names(database_uri)
 
 
 def _store(app: Flask) -> Store:
@@ -216,12 +216,43 @@ def test_models_match_the_migrations(make_app: Any) -> None:
         assert compare_metadata(context, metadata) == []
 
 
-def test_migrations_create_the_claim_index_descending(make_app: Any, database_uri: str) -> None:
+def test_columns_have_the_collations_of_the_models(make_app: Any) -> None:
+    # Alembic does not compare collations, on which exact keys depend on MariaDB/MySQL.
+    engine = _store(make_app()).engine
+    inspector = sa.inspect(engine)
+    checked = 0
+    for table in metadata.sorted_tables:
+        reflected = {
+            column["name"]: getattr(column["type"], "collation", None)
+            for column in inspector.get_columns(table.name)
+        }
+        for column in table.columns:
+            wanted = getattr(column.type.dialect_impl(engine.dialect), "collation", None)
+            if wanted is not None:
+                assert reflected[column.name] == wanted, (table.name, column.name)
+                checked += 1
+    assert checked == (4 if engine.dialect.name == "mysql" else 0)
+
+
+# Where each database shows an index's definition as it was created.
+INDEX_DEFINITION = {
+    "sqlite": "SELECT sql FROM sqlite_master WHERE name = 'ix_sqlqueue_jobs_claim'",
+    "postgresql": "SELECT indexdef FROM pg_indexes "
+    "WHERE indexname = 'ix_sqlqueue_jobs_claim' AND schemaname = current_schema()",
+    "mysql": "SHOW CREATE TABLE sqlqueue_jobs",
+}
+
+
+def test_migrations_create_the_claim_index_descending(
+    make_app: Any, database_uri: str, backend: str
+) -> None:
     make_app()
-    ((sql,),) = _sql(
-        database_uri, "SELECT sql FROM sqlite_master WHERE name = 'ix_sqlqueue_jobs_claim'"
-    )
-    assert sql.endswith("(status, priority DESC, run_at, id)")
+    ((*_, sql),) = _sql(database_uri, INDEX_DEFINITION[backend])
+    if backend == "mysql":
+        (sql,) = [line for line in sql.splitlines() if "`ix_sqlqueue_jobs_claim`" in line]
+        assert sql.strip().rstrip(",").endswith("(`status`,`priority` DESC,`run_at`,`id`)")
+    else:
+        assert sql.endswith("(status, priority DESC, run_at, id)")
 
 
 # -- SQLite connection settings ------------------------------------------------------------------
@@ -231,6 +262,7 @@ def _pragma(conn: sa.Connection, name: str) -> Any:
     return conn.exec_driver_sql(f"PRAGMA {name}").scalar()
 
 
+@pytest.mark.sqlite_only
 def test_sqlite_pragmas_by_default(make_app: Any) -> None:
     store = _store(make_app())
     with store.write() as writer:
@@ -243,6 +275,7 @@ def test_sqlite_pragmas_by_default(make_app: Any) -> None:
         assert _pragma(reader, "busy_timeout") == 30000
 
 
+@pytest.mark.sqlite_only
 @pytest.mark.parametrize(
     ("setting", "level"), [("NORMAL", 1), ("normal", 1), ("OFF", 0), ("EXTRA", 3), ("FULL", 2)]
 )
@@ -257,6 +290,7 @@ def test_sqlite_synchronous_follows_the_config(make_app: Any, setting: str, leve
         assert _pragma(reader, "synchronous") == level
 
 
+@pytest.mark.sqlite_only
 def test_writes_begin_immediate_and_reads_begin_deferred(make_app: Any) -> None:
     store = _store(make_app())
     seen: list[str] = []
@@ -286,6 +320,7 @@ def two_stores(make_app: Any) -> tuple[Store, Store]:
     return holder, impatient
 
 
+@pytest.mark.sqlite_only
 def test_write_lock_is_taken_at_begin(two_stores: tuple[Store, Store], database_uri: str) -> None:
     holder, impatient = two_stores
     entered = False
@@ -316,6 +351,7 @@ def test_write_lock_is_taken_at_begin(two_stores: tuple[Store, Store], database_
         assert conn.exec_driver_sql("SELECT 1").scalar() == 1
 
 
+@pytest.mark.sqlite_only
 def test_second_writer_waits_at_begin_until_the_first_commits(
     make_app: Any,
 ) -> None:
@@ -356,6 +392,7 @@ def test_reads_do_not_wait_for_a_writer(two_stores: tuple[Store, Store]) -> None
     assert impatient.get_job(job.id) is not None
 
 
+@pytest.mark.sqlite_only
 def test_sqlite_without_returning_is_refused_at_setup(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,59 +1,31 @@
-"""The queue on PostgreSQL and MariaDB, when their URLs are set (CI sets both).
+"""What only the server databases do, on PostgreSQL and MariaDB when their URLs are set.
 
-A URL that is set but cannot be reached fails these tests; only an unset URL skips.
-Each test gets a database of its own, dropped afterwards.
+Everything else runs on every backend through conftest's parametrized ``database_uri``;
+these tests are about row locks, server connections and the test set-up itself. Each
+gets a database of its own (conftest's ``server_uri``), dropped afterwards. A URL that
+is set but cannot be reached fails them; only an unset URL skips.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from alembic.autogenerate import compare_metadata
-from alembic.runtime.migration import MigrationContext
+from flask import Flask
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue import schema
-from flask_sqlqueue.core import lifecycle
-from flask_sqlqueue.core.models import VERSION_TABLE
-from flask_sqlqueue.core.models import metadata
 from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
-from tests.conftest import ROOT
 from tests.conftest import SERVER_URL_VARS
-from tests.conftest import flask_env
+from tests.conftest import fresh_database
 
-
-def _server_url(kind: str) -> str:
-    var = SERVER_URL_VARS[kind]
-    url = os.environ.get(var)
-    if not url:
-        pytest.skip(f"set {var} to run against {kind}")
-    return url
-
-
-@pytest.fixture(params=sorted(SERVER_URL_VARS))
-def server_uri(request: pytest.FixtureRequest) -> Iterator[str]:
-    base = sa.make_url(_server_url(request.param))
-    name = f"sqlqueue_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:  # unreachable server: this raises, the test fails
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            force = " WITH (FORCE)" if admin.dialect.name == "postgresql" else ""
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}{force}")
-        admin.dispose()
+WAIT = 15.0
 
 
 @pytest.fixture
@@ -64,96 +36,152 @@ def server_app(server_uri: str) -> Iterator[Any]:
     app.extensions["sqlqueue"].store.engine.dispose()
 
 
-def test_migrations_round_trip_and_match_models(server_uri: str) -> None:
-    engine = sa.create_engine(server_uri)
-    try:
-        schema.upgrade(engine)
-        schema.downgrade(engine, "base")
-        assert schema.current(engine) is None
-        assert not sa.inspect(engine).has_table("sqlqueue_jobs")
-        schema.upgrade(engine)
-        assert schema.current(engine) == schema.head()
-        with engine.connect() as conn:
-            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-            assert compare_metadata(context, metadata) == []
-    finally:
-        engine.dispose()
+def _wait_for(predicate: Any, what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
 
 
-def test_enqueue_work_retry_dead_replay(server_app: Any, tmp_path: Path) -> None:
-    queue = sample_app.queue
-    log = tmp_path / "attempts.log"
+@pytest.mark.parametrize("kind", sorted(SERVER_URL_VARS))
+def test_a_set_but_unreachable_server_fails_the_test(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing listens on port 1: the database cannot be created, and that is an error
+    # for the test that asked for it, never a skip.
+    scheme = {"postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql"}[kind]
+    monkeypatch.setenv(SERVER_URL_VARS[kind], f"{scheme}://root@127.0.0.1:1/test")
+    with pytest.raises(sa.exc.OperationalError):
+        with fresh_database(kind):
+            pytest.fail("a database was made on a server that is not there")
+
+
+# Make a wait for a row lock fail after about a second instead of hanging the test.
+IMPATIENT = {
+    "postgresql": "SET LOCAL lock_timeout = '1s'",
+    "mysql": "SET SESSION innodb_lock_wait_timeout = 1",
+}
+
+
+def test_a_claim_skips_jobs_another_claim_holds_instead_of_waiting(server_app: Flask) -> None:
+    store = sample_app.queue.state(server_app).store
     with server_app.app_context():
-        added = sample_app.add.enqueue(2, 3)
-        first = sample_app.add.using(idempotency_key="evt-1").enqueue(1, 1)
-        again = sample_app.add.using(idempotency_key="evt-1").enqueue(9, 9)
-        effect = sample_app.reserve.using(idempotency_key="mail-1").enqueue()
-        flaky = sample_app.fails_until.enqueue(str(log), 2)
-        doomed = sample_app.always_fails.enqueue("nope")
-        queue.worker(WorkerOptions(concurrency=2), server_app).run(burst=True)
+        first = sample_app.add.enqueue(1, 1)
+        second = sample_app.add.enqueue(2, 2)
 
-        assert again.id == first.id
-        assert added.refresh().status is JobStatus.COMPLETED and added.result == 5
-        assert effect.refresh().result == [True, False]
-        assert flaky.refresh().status is JobStatus.COMPLETED and flaky.attempts == 2
-        assert len(flaky.errors) == 1 and flaky.errors[0]["type"] == "ValueError"
-        assert doomed.refresh().status is JobStatus.DEAD and doomed.attempts == 3
-        assert doomed.last_error == "RuntimeError: nope"
-        assert doomed.run_at.tzinfo is not None
-
-        store = queue.state().store
-        assert store.run_write(lambda c: lifecycle.replay(c, [doomed.id], utcnow())) == 1
-        assert doomed.refresh().status is JobStatus.PENDING and doomed.attempts == 0
-
-
-def test_transactional_enqueue_commits_and_rolls_back(server_app: Any) -> None:
-    from sqlalchemy.orm import Session
-
-    with server_app.app_context():
-        store = sample_app.queue.state().store
-        other = sa.create_engine(store.engine.url)
-        try:
-            with Session(other) as session:
-                kept = sample_app.add.using(session=session).enqueue(1, 2)
-                session.commit()
-            with Session(other) as session:
-                dropped = sample_app.add.using(session=session).enqueue(3, 4)
-                session.rollback()
-        finally:
-            other.dispose()
-        assert sample_app.queue.get_job(kept.id) is not None
-        assert sample_app.queue.get_job(dropped.id) is None
-
-
-@pytest.mark.slow
-def test_worker_processes_run_every_job_exactly_once(server_app: Any, tmp_path: Path) -> None:
-    side = tmp_path / "side.log"
-    jobs = 600
-    with server_app.app_context():
-        for n in range(jobs):
-            sample_app.record.enqueue(str(side), f"t{n}")
-        uri = sample_app.queue.state().store.engine.url.render_as_string(hide_password=False)
-    env = flask_env(uri)
-    cmd = [sys.executable, "-m", "flask", "queue", "work", "--burst", "--concurrency", "2"]
-    procs = [
-        subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for _ in range(4)
-    ]
-    for proc in procs:
-        _, err = proc.communicate(timeout=240)
-        assert proc.returncode == 0, err.decode()[-2000:]
-
-    starts: dict[int, int] = {}
-    for line in side.read_text().splitlines():
-        kind, _tag, job_id, _attempt, _pid = line.split()
-        if kind == "start":
-            starts[int(job_id)] = starts.get(int(job_id), 0) + 1
-    assert len(starts) == jobs
-    assert set(starts.values()) == {1}
-    with server_app.app_context(), sample_app.queue.state().store.read() as conn:
-        counts = dict(
-            conn.execute(
-                sa.text("SELECT status, COUNT(*) FROM sqlqueue_jobs GROUP BY status")
-            ).all()
+    def claim(conn: sa.Connection, worker: str, limit: int) -> list[int]:
+        rows = store.ops.claim(
+            conn,
+            worker_id=worker,
+            token=uuid.uuid4().hex,
+            now=store.now(),
+            limit=limit,
+            queues=(),
+            tasks=[sample_app.add.name],
         )
-    assert counts == {"completed": jobs}
+        return [row.id for row in rows]
+
+    with store.write() as holder:
+        assert claim(holder, "holder", 1) == [first.id]
+        # The holder's transaction is still open: its row lock is held.
+        with store.write() as other:
+            other.exec_driver_sql(IMPATIENT[store.engine.dialect.name])
+            started = time.monotonic()
+            taken = claim(other, "other", 2)
+            waited = time.monotonic() - started
+    assert taken == [second.id]
+    assert waited < 0.9, f"the second claim waited {waited:.2f}s for the first one's lock"
+    with server_app.app_context():
+        assert (first.refresh().worker_id, second.refresh().worker_id) == ("holder", "other")
+
+
+def _drop_connections(server_uri: str) -> int:
+    """What a server restart does to the queue: end every connection to its database."""
+    url = sa.make_url(server_uri)
+    admin = sa.create_engine(url.set(database=None) if url.drivername.startswith("mysql") else url)
+    try:
+        with admin.connect() as conn:
+            if admin.dialect.name == "postgresql":
+                ended = conn.execute(
+                    sa.text(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = :name AND pid <> pg_backend_pid()"
+                    ),
+                    {"name": url.database},
+                ).all()
+                return len(ended)
+            ids = conn.execute(
+                sa.text(
+                    "SELECT id FROM information_schema.processlist "
+                    "WHERE db = :name AND id <> CONNECTION_ID()"
+                ),
+                {"name": url.database},
+            ).scalars()
+            killed = 0
+            for pid in list(ids):
+                conn.exec_driver_sql(f"KILL CONNECTION {int(pid)}")
+                killed += 1
+            return killed
+    finally:
+        admin.dispose()
+
+
+def test_worker_and_producer_survive_the_server_dropping_their_connections(
+    server_app: Flask, server_uri: str
+) -> None:
+    worker = sample_app.queue.worker(WorkerOptions(poll_interval=0.05, grace=1), server_app)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="sqlqueue-test-worker")
+    with server_app.app_context():
+        before = sample_app.add.enqueue(1, 2)
+        thread.start()
+        try:
+            _wait_for(lambda: before.refresh().status is JobStatus.COMPLETED, "the first job")
+            assert _drop_connections(server_uri) >= 2  # the worker's, the producer's...
+            after = sample_app.add.enqueue(3, 4)  # a dropped pooled connection is replaced
+            _wait_for(lambda: after.refresh().status is JobStatus.COMPLETED, "the second job")
+            assert not worker.stopping
+        finally:
+            worker.stop()
+            thread.join(WAIT)
+    assert not thread.is_alive(), "the worker did not stop"
+    assert not errors, f"the worker died: {errors[0]!r}"
+    assert (before.result, after.result) == (3, 7)
+
+
+def test_a_claim_takes_no_more_jobs_than_its_limit(server_app: Any) -> None:
+    # PostgreSQL may re-run an `IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` once per
+    # outer row (a nested-loop semi join, its plan on a table without statistics), and each
+    # run skips the rows the previous ones locked: `LIMIT 1` then claimed every pending job.
+    store = sample_app.queue.state(server_app).store
+    with server_app.app_context(), store.write() as conn:
+        for n in range(50):
+            sample_app.add.using(session=conn).enqueue(n, 1)
+    claimed: list[int] = []
+    for limit in (1, 2, 5):
+        with store.write() as conn:
+            rows = store.ops.claim(
+                conn,
+                worker_id="probe",
+                token=uuid.uuid4().hex,
+                now=utcnow(),
+                limit=limit,
+                queues=(),
+                tasks=[sample_app.add.name],
+            )
+        assert len(rows) == limit
+        claimed += [row.id for row in rows]
+    assert len(set(claimed)) == 8
+    with store.read() as conn:
+        running = conn.execute(
+            sa.text("SELECT COUNT(*) FROM sqlqueue_jobs WHERE status = 'running'")
+        ).scalar_one()
+    assert running == 8

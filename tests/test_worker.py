@@ -1,4 +1,4 @@
-"""The worker in-process, on a real SQLite file: claiming, retries, results, effects, fencing.
+"""The worker in-process, on every backend: claiming, retries, results, effects, fencing.
 
 The app fixture is ``sq_app``, not ``app``: pytest-flask pushes a request context
 around any test that uses a fixture named ``app``.
@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import random
 import re
-import sqlite3
 import threading
 import time
-from contextlib import closing
-from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
 from pathlib import Path
@@ -22,6 +19,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import SQLQueue
@@ -42,10 +40,9 @@ def store_of(app: Flask) -> Store:
     return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
 
 
-def database_path(app: Flask) -> Path:
-    database = store_of(app).engine.url.database
-    assert database
-    return Path(database)
+def clock(app: Flask) -> datetime:
+    """The queue's clock (the database's own on a server), which stamps every job."""
+    return store_of(app).now()
 
 
 def row(app: Flask, job_id: int) -> Any:
@@ -153,9 +150,9 @@ def test_claim_order_is_priority_then_run_at_then_id(ctx: Flask, tmp_path: Path)
 
 def test_delay_and_run_at_decide_eligibility(ctx: Flask, tmp_path: Path) -> None:
     log = tmp_path / "delay.log"
-    before = utcnow()
+    before = clock(ctx)
     delayed = sample_app.record.using(delay=60).enqueue(str(log), "delayed")
-    after = utcnow()
+    after = clock(ctx)
     later = sample_app.record.using(run_at=after + timedelta(hours=1)).enqueue(str(log), "later")
     past = sample_app.record.using(run_at=before - timedelta(hours=1)).enqueue(str(log), "past")
     as_timedelta = sample_app.record.using(delay=timedelta(0)).enqueue(str(log), "now")
@@ -196,6 +193,18 @@ def test_worker_claims_only_its_tasks_and_queues(ctx: Flask) -> None:
     assert (unknown.args, unknown.kwargs) == ([1], {"x": "y"})
 
 
+def test_task_and_queue_names_are_compared_exactly(ctx: Flask) -> None:
+    shouted = sample_app.queue.enqueue(sample_app.add.name.upper(), args=[1, 2])
+    capitalised = sample_app.report.using(queue="Reports").enqueue(1)
+    burst(ctx, queues=("reports",))
+    assert capitalised.refresh().status is JobStatus.PENDING
+
+    burst(ctx)  # every queue: "Reports" now, but still no task named like the shouted one
+    assert capitalised.refresh().status is JobStatus.COMPLETED
+    shouted.refresh()
+    assert (shouted.status, shouted.attempts, shouted.last_error) == (JobStatus.PENDING, 0, None)
+
+
 # -- failures, retries, backoff -------------------------------------------------------------
 
 
@@ -203,9 +212,9 @@ def test_failing_task_is_retried_until_it_succeeds(ctx: Flask, tmp_path: Path) -
     log = tmp_path / "attempts.log"
     job = sample_app.fails_until.enqueue(str(log), 3)
     worker = sample_app.queue.worker(WorkerOptions(), ctx)
-    before = utcnow()
+    before = clock(ctx)
     run_burst(worker)  # backoff base is 0 in the sample app: retries are due at once
-    after = utcnow()
+    after = clock(ctx)
 
     job.refresh()
     assert job.status is JobStatus.COMPLETED
@@ -239,9 +248,9 @@ def test_failed_job_waits_for_its_backoff(
     log = tmp_path / "attempts.log"
     with app.app_context():
         job = sample_app.fails_until.enqueue(str(log), 3)
-    before = utcnow()
+    before = clock(app)
     burst(app)
-    after = utcnow()
+    after = clock(app)
 
     job.refresh()
     assert job.status is JobStatus.PENDING
@@ -274,7 +283,7 @@ def test_backoff_delay_bounds() -> None:
     assert Backoff(0, 3600, 0).delay(5, random.Random()) == 0.0
 
 
-def test_task_backoff_callable_is_used(tmp_path: Path) -> None:
+def test_task_backoff_callable_is_used(database_uri: str) -> None:
     own = SQLQueue()
 
     @own.task(name="custom_backoff", backoff=lambda attempt: 1000 + attempt)
@@ -291,7 +300,7 @@ def test_task_backoff_callable_is_used(tmp_path: Path) -> None:
 
     app = Flask(__name__)
     app.config.update(
-        SQLQUEUE_DATABASE_URI=f"sqlite:///{tmp_path / 'own.db'}",
+        SQLQUEUE_DATABASE_URI=database_uri,
         SQLQUEUE_BACKOFF_BASE=7,
         SQLQUEUE_BACKOFF_JITTER=0,
     )
@@ -300,9 +309,9 @@ def test_task_backoff_callable_is_used(tmp_path: Path) -> None:
         own.upgrade_database(app=app)
         with app.app_context():
             jobs_ = [custom.enqueue(), as_timedelta.enqueue(), broken.enqueue()]
-        before = utcnow()
+        before = clock(app)
         run_burst(own.worker(WorkerOptions(), app))
-        after = utcnow()
+        after = clock(app)
         for job, seconds in zip(jobs_, (1001, 300, 14), strict=True):
             job.refresh()
             assert job.status is JobStatus.PENDING, job
@@ -366,12 +375,12 @@ def test_attempts_spent_goes_dead_and_replay_runs_again(ctx: Flask, tmp_path: Pa
 
 
 def test_retry_exception_and_permanent_failure(ctx: Flask) -> None:
-    before = utcnow()
+    before = clock(ctx)
     retry = sample_app.asks_retry.enqueue(120)
     spent = sample_app.asks_retry.using(max_attempts=1).enqueue(0)
     permanent = sample_app.gives_up.enqueue()
     burst(ctx)
-    after = utcnow()
+    after = clock(ctx)
 
     retry.refresh()
     assert retry.status is JobStatus.PENDING
@@ -414,6 +423,30 @@ def test_results_are_stored_and_bad_results_do_not_stop_the_worker(ctx: Flask) -
     assert bad.attempts == 1
     assert bad.result is None
     assert row(ctx, bad.id).result is None
+
+
+def test_effect_keys_are_compared_exactly(ctx: Flask) -> None:
+    keys = ["mail:Ada", "mail:ada", "mail:adá", "mail:ada "]
+    jobs_ = [sample_app.reserve.enqueue(key) for key in keys]
+    burst(ctx, concurrency=1)
+    assert [job.refresh().result for job in jobs_] == [[True, False]] * len(keys)
+    with store_of(ctx).read() as conn:
+        reserved = set(conn.execute(sa.select(effects.c.key)).scalars())
+    assert reserved == set(keys)
+
+
+def test_error_text_no_database_could_store_is_recorded_escaped(ctx: Flask) -> None:
+    odd = sample_app.fails_with_odd_text.enqueue()
+    after = sample_app.add.enqueue(1, 2)
+    burst(ctx, concurrency=1)  # one job thread: it must survive the odd failure
+
+    odd.refresh()
+    assert (odd.status, odd.attempts) == (JobStatus.DEAD, 1)
+    assert odd.last_error == "ValueError: nul \\x00 and lone \\ud800 end"
+    (record,) = odd.errors
+    assert record["message"] == "nul \\x00 and lone \\ud800 end"
+    assert "ValueError: nul \\x00 and lone \\ud800 end" in record["traceback"]
+    assert after.refresh().status is JobStatus.COMPLETED
 
 
 def test_reserve_effect_is_granted_once_per_key(ctx: Flask) -> None:
@@ -548,17 +581,37 @@ def test_enqueue_in_process_wakes_an_idle_worker(ctx: Flask, tmp_path: Path) -> 
     assert job.result == "woken"
 
 
-def test_no_transaction_is_held_while_a_task_runs(ctx: Flask, tmp_path: Path) -> None:
+# Each database's way to make a writer give up after about half a second if it must wait
+# for a lock: SQLite's whole-database write lock, or a row lock on the servers.
+IMPATIENT_WRITER = {
+    "sqlite": "PRAGMA busy_timeout = 500",
+    "postgresql": "SET lock_timeout = '500ms'",
+    "mysql": "SET SESSION innodb_lock_wait_timeout = 1",  # whole seconds only
+}
+
+
+def test_no_transaction_is_held_while_a_task_runs(
+    ctx: Flask, tmp_path: Path, database_uri: str, backend: str
+) -> None:
     log = tmp_path / "slow.log"
     slow = sample_app.record.enqueue(str(log), "slow", 2.0)
-    database = str(database_path(ctx))
+    other_writer = sa.create_engine(database_uri, poolclass=NullPool)
     with WorkerThread(ctx, WorkerOptions(), burst=True):
         wait_for(lambda: any(parts[0] == "start" for parts in lines(log)))
         started = time.monotonic()
-        with closing(sqlite3.connect(database, timeout=0.5, isolation_level=None)) as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("UPDATE sqlqueue_jobs SET priority = 9 WHERE id = ?", (slow.id,))
-            conn.execute("COMMIT")
+        try:
+            with other_writer.connect() as conn:
+                conn.exec_driver_sql(IMPATIENT_WRITER[backend])
+                conn.commit()
+                if backend == "sqlite":
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock at once
+                conn.execute(
+                    sa.text("UPDATE sqlqueue_jobs SET priority = 9 WHERE id = :id"),
+                    {"id": slow.id},
+                )
+                conn.commit()
+        finally:
+            other_writer.dispose()
         other = sample_app.add.enqueue(1, 1)
         elapsed = time.monotonic() - started
         assert row(ctx, slow.id).status == "running"
@@ -569,11 +622,13 @@ def test_no_transaction_is_held_while_a_task_runs(ctx: Flask, tmp_path: Path) ->
     assert slow.priority == 9
 
 
-def test_transactional_enqueue_does_not_wait_for_the_callers_own_lock(make_app: Any) -> None:
+def test_transactional_enqueue_does_not_wait_for_the_callers_own_lock(
+    make_app: Any, database_uri: str
+) -> None:
     # The first enqueue in a process checks the schema; on SQLite that check must not
     # queue behind the caller's own transaction, which already holds the write lock.
     app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 2})
-    own = sa.create_engine(f"sqlite:///{database_path(app)}")
+    own = sa.create_engine(database_uri)
     try:
         with own.begin() as conn:
             conn.exec_driver_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY)")
@@ -596,4 +651,4 @@ def test_timestamps_are_aware_utc(ctx: Flask) -> None:
         assert value is not None
         assert value.tzinfo is not None
         assert value.utcoffset() == timedelta(0)
-    assert job.created_at <= job.started_at <= job.finished_at <= datetime.now(UTC)  # type: ignore[operator]
+    assert job.created_at <= job.started_at <= job.finished_at <= clock(ctx)  # type: ignore[operator]

@@ -56,12 +56,19 @@ def error_record(
 ) -> dict[str, Any]:
     return {
         "attempt": attempt,
-        "type": kind,
-        "message": message,
-        "traceback": traceback,
+        "type": storable_text(kind),
+        "message": storable_text(message),
+        "traceback": storable_text(traceback),
         "worker": worker_id,
         "at": now.isoformat(),
     }
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what some database cannot store written as escapes: NUL (PostgreSQL's
+    text refuses it) and lone surrogates (no driver can encode them as UTF-8). A task's
+    error message may hold either; left as is, its failure could not be recorded at all."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _claimed(job_id: int, token: str) -> Any:

@@ -86,6 +86,34 @@ class UTCDateTime(sa.TypeDecorator[datetime]):
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 # MariaDB's TEXT stops at 64 KiB, too small for a history of tracebacks.
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+#: Table options for MariaDB/MySQL: UTF-8 whatever the server's default (upstream
+#: MariaDB's is latin1, which refuses most of the world's text).
+MYSQL_TABLE = {"mysql_charset": "utf8mb4"}
+
+
+class ExactString(sa.TypeDecorator[str]):
+    """A name or key compared character for character, as SQLite and PostgreSQL do.
+
+    MariaDB's and MySQL's default collations ignore case, accents and trailing spaces,
+    so ``"Order-1"`` would be the same idempotency key as ``"order-1 "`` and a worker for
+    queue ``reports`` would claim jobs of ``Reports``; there it is a binary, no-pad one.
+    """
+
+    impl = sa.String
+    cache_ok = True
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+    def load_dialect_impl(self, dialect: Dialect) -> sa.types.TypeEngine[Any]:
+        if dialect.name in ("mysql", "mariadb"):
+            mariadb = getattr(dialect, "is_mariadb", False)
+            collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
+            return dialect.type_descriptor(
+                mysql.VARCHAR(self.length, charset="utf8mb4", collation=collation)
+            )
+        return dialect.type_descriptor(sa.String(self.length))
 
 
 class Base(DeclarativeBase):
@@ -98,8 +126,8 @@ class JobRow(Base):
     __tablename__ = JOBS_TABLE
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    queue: Mapped[str] = mapped_column(sa.String(100), default="default")
-    task: Mapped[str] = mapped_column(sa.String(255))
+    queue: Mapped[str] = mapped_column(ExactString(100), default="default")
+    task: Mapped[str] = mapped_column(ExactString(255))
     #: ``{"args": [...], "kwargs": {...}}`` as JSON text, encoded once by the producer.
     payload: Mapped[str] = mapped_column(LongText)
     #: A :class:`JobStatus` value; plain text so a hand-edited row never breaks loading.
@@ -124,7 +152,7 @@ class JobRow(Base):
     errors: Mapped[str | None] = mapped_column(LongText)
     #: The task's return value as JSON text.
     result: Mapped[str | None] = mapped_column(LongText)
-    idempotency_key: Mapped[str | None] = mapped_column(sa.String(255), unique=True)
+    idempotency_key: Mapped[str | None] = mapped_column(ExactString(255), unique=True)
 
     __table_args__ = (
         # The claim index (pending jobs by priority DESC, run_at, id) is declared below.
@@ -132,6 +160,7 @@ class JobRow(Base):
         sa.Index("ix_sqlqueue_jobs_status_worker", "status", "worker_id"),
         sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
         sa.Index("ix_sqlqueue_jobs_task_status", "task", "status"),
+        MYSQL_TABLE,
     )
 
 
@@ -145,9 +174,11 @@ class JobEffectRow(Base):
     __tablename__ = EFFECTS_TABLE
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    key: Mapped[str] = mapped_column(sa.String(255), unique=True)
+    key: Mapped[str] = mapped_column(ExactString(255), unique=True)
     job_id: Mapped[int | None] = mapped_column(sa.BigInteger, index=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = MYSQL_TABLE
 
 
 class WorkerRow(Base):
@@ -163,6 +194,8 @@ class WorkerRow(Base):
     concurrency: Mapped[int] = mapped_column(sa.Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+
+    __table_args__ = MYSQL_TABLE
 
 
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]

@@ -68,7 +68,8 @@ def listen(folder: Path | None, wake: threading.Event, stop: threading.Event) ->
         except OSError as exc:
             log.warning("no same-host wake-ups (%s); polling only", exc)
             return
-        receiver.settimeout(0.5)
+        # Short: a stopping worker (the end of every --burst run) waits for this thread.
+        receiver.settimeout(0.1)
         try:
             while not stop.is_set():
                 try:

@@ -136,6 +136,8 @@ class Worker:
         self._last_heartbeat_ok = time.monotonic()
         self._paused = False
         self._db_error_logged = 0.0
+        # Outcomes a database fault kept from being recorded: (label, extra, fenced write).
+        self._unrecorded: list[tuple[str, dict[str, Any], Callable[[Any], bool]]] = []
 
     # -- public API -----------------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class Worker:
             self._exited.set()
             heart.join(timeout=5)
             listener.join(timeout=5)
+            self._record_late()
             self.close()
 
     def stop(self) -> None:
@@ -465,12 +468,16 @@ class Worker:
             # Keep trying while we may still own the claim; past that it will be rescued.
             done = bool(self.store.run_write(write, within=self.options.stale_after))
         except sa.exc.SQLAlchemyError as exc:
+            # Giving up would strand the row as running: while this worker lives and
+            # heartbeats, nobody rescues it. Keep the (fenced) write; the heartbeat retries it.
             log.error(
-                "%s: could not record the outcome (%s); the job will be rescued and run again",
+                "%s: could not record the outcome yet (%s); it is retried after each heartbeat",
                 label,
                 exc,
                 extra=extra,
             )
+            with self._lock:
+                self._unrecorded.append((label, extra, write))
             return False
         if not done:
             log.warning(
@@ -482,9 +489,36 @@ class Worker:
 
     # -- heartbeat and rescue -------------------------------------------------------------------
 
+    def _record_late(self) -> None:
+        """Retry the outcomes a database fault kept from being recorded. Each write is
+        still fenced by its claim: one whose job was rescued meanwhile changes nothing."""
+        with self._lock:
+            waiting, self._unrecorded = self._unrecorded, []
+        for label, extra, write in waiting:
+            try:
+                done = bool(self.store.run_write(write, within=self.options.heartbeat_interval))
+            except sa.exc.SQLAlchemyError:
+                with self._lock:
+                    self._unrecorded.append((label, extra, write))
+                continue
+            if done:
+                log.warning("%s: outcome recorded once the database was back", label, extra=extra)
+            else:
+                log.warning(
+                    "%s: lost its claim (rescued or released meanwhile); outcome dropped",
+                    label,
+                    extra=extra,
+                )
+
     def _heartbeat_loop(self) -> None:
         interval = self.options.heartbeat_interval
+        # After a gap in our own heartbeats (an outage), rescue only once they have gone
+        # through for STALE_AFTER again: every worker's heartbeat looks stale then, and the
+        # live ones need that long to show it before anyone is declared dead (and their
+        # attempts burned). A new worker may rescue from its second heartbeat.
+        healthy_since = time.monotonic() - self.options.stale_after + 2 * interval
         while not self._exited.wait(interval):
+            last_ok = self._last_heartbeat_ok
             try:
                 alive = self.store.run_write(
                     lambda conn: lifecycle.heartbeat(conn, self.id, self.clock()), within=interval
@@ -500,8 +534,13 @@ class Worker:
             except sa.exc.SQLAlchemyError as exc:
                 self._log_db_error("heartbeat", exc)
                 continue
-            self._last_heartbeat_ok = time.monotonic()
-            self.rescue()
+            now = time.monotonic()
+            if now - last_ok > 2 * interval:  # failed, blocked or declared dead meanwhile
+                healthy_since = now
+            self._last_heartbeat_ok = now
+            self._record_late()
+            if now - healthy_since >= self.options.stale_after:
+                self.rescue()
 
     def rescue(self) -> list[tuple[int, str, str]]:
         """Take back the running jobs of workers that stopped heartbeating."""

@@ -22,12 +22,23 @@ BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
+def exact_string(length: int) -> sa.types.TypeEngine[str]:
+    """A string compared exactly: a binary, no-pad collation on MariaDB/MySQL, whose
+    default ones ignore case, accents and trailing spaces."""
+    bind = op.get_bind()
+    if bind.dialect.name not in ("mysql", "mariadb"):
+        return sa.String(length)
+    mariadb = getattr(bind.dialect, "is_mariadb", False)
+    collation = "utf8mb4_nopad_bin" if mariadb else "utf8mb4_0900_bin"
+    return mysql.VARCHAR(length, charset="utf8mb4", collation=collation)
+
+
 def upgrade() -> None:
     op.create_table(
         "sqlqueue_jobs",
         sa.Column("id", BigId, autoincrement=True, nullable=False),
-        sa.Column("queue", sa.String(100), nullable=False),
-        sa.Column("task", sa.String(255), nullable=False),
+        sa.Column("queue", exact_string(100), nullable=False),
+        sa.Column("task", exact_string(255), nullable=False),
         sa.Column("payload", LongText, nullable=False),
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
@@ -45,9 +56,10 @@ def upgrade() -> None:
         sa.Column("last_error", LongText, nullable=True),
         sa.Column("errors", LongText, nullable=True),
         sa.Column("result", LongText, nullable=True),
-        sa.Column("idempotency_key", sa.String(255), nullable=True),
+        sa.Column("idempotency_key", exact_string(255), nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_sqlqueue_jobs"),
         sa.UniqueConstraint("idempotency_key", name="uq_sqlqueue_jobs_idempotency_key"),
+        mysql_charset="utf8mb4",  # UTF-8 whatever the server's default
     )
     op.create_index(
         "ix_sqlqueue_jobs_claim",
@@ -61,11 +73,12 @@ def upgrade() -> None:
     op.create_table(
         "sqlqueue_job_effects",
         sa.Column("id", BigId, autoincrement=True, nullable=False),
-        sa.Column("key", sa.String(255), nullable=False),
+        sa.Column("key", exact_string(255), nullable=False),
         sa.Column("job_id", sa.BigInteger(), nullable=True),
         sa.Column("created_at", Timestamp, nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_sqlqueue_job_effects"),
         sa.UniqueConstraint("key", name="uq_sqlqueue_job_effects_key"),
+        mysql_charset="utf8mb4",  # UTF-8 whatever the server's default
     )
     op.create_index("ix_sqlqueue_job_effects_job_id", "sqlqueue_job_effects", ["job_id"])
 
@@ -79,6 +92,7 @@ def upgrade() -> None:
         sa.Column("started_at", Timestamp, nullable=False),
         sa.Column("last_heartbeat_at", Timestamp, nullable=False),
         sa.PrimaryKeyConstraint("id", name="pk_sqlqueue_workers"),
+        mysql_charset="utf8mb4",  # UTF-8 whatever the server's default
     )
     op.create_index(
         "ix_sqlqueue_workers_last_heartbeat_at", "sqlqueue_workers", ["last_heartbeat_at"]

@@ -135,12 +135,19 @@ class DialectOps:
         """Mark up to ``limit`` eligible jobs running for this worker and return them in order."""
         candidates = claim_candidates(now, limit, queues, tasks)
         if self.skip_locked:
-            candidates = candidates.with_for_update(skip_locked=True)
+            # ``= ANY(ARRAY(subquery))`` runs the subquery exactly once (an InitPlan).
+            # PostgreSQL may re-run an ``IN (subquery)`` for every outer row (a nested-loop
+            # semi join), and with SKIP LOCKED each run finds rows the previous one locked
+            # past: ``LIMIT 1`` then claimed every pending job.
+            locked = candidates.with_for_update(skip_locked=True).scalar_subquery()
+            chosen = jobs.c.id == sa.any_(sa.func.array(locked))
+        else:
+            chosen = jobs.c.id.in_(candidates.scalar_subquery())
         stmt = (
             sa.update(jobs)
             # Re-check the status: at READ COMMITTED the row may have moved on since the
             # subquery's snapshot.
-            .where(jobs.c.id.in_(candidates.scalar_subquery()), jobs.c.status == PENDING)
+            .where(chosen, jobs.c.status == PENDING)
             .values(claim_values(worker_id, token, now))
             .returning(*CLAIM_COLUMNS)
         )

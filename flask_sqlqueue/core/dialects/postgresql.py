@@ -58,7 +58,9 @@ class PostgresOps(DialectOps):
                 wake.set()  # anything enqueued while we were not listening
                 pause = 0.5
                 while not stop.is_set():
-                    for _ in driver.notifies(timeout=1.0, stop_after=1):  # type: ignore[union-attr]
+                    # A short wait: a stopping worker (the end of every --burst run)
+                    # waits for this thread, so it must notice the stop at once.
+                    for _ in driver.notifies(timeout=0.1, stop_after=1):  # type: ignore[union-attr]
                         wake.set()
             except Exception as exc:  # never let a dropped connection end the worker
                 log.warning("LISTEN %s failed (%s); polling until it reconnects", CHANNEL, exc)

@@ -1,0 +1,193 @@
+"""The chaos suite, fast: real ``flask queue work`` processes, real signals, SQLite.
+
+Every scenario is the one ``python benchmarks/chaos.py`` runs (imported from
+``benchmarks/chaos.py``), at a size that fits the test budget. A scenario returns the
+figures it measured and the violations it found; a test passes when there are none.
+
+The checks are shown to be able to fail: ``test_unfenced_completion_is_caught`` runs the
+paused-worker scenario against workers deliberately broken (``CHAOS_BROKEN=unfenced``:
+their completions ignore the claim token, switched on inside the worker processes by
+``benchmarks/chaos_app.py``), and the tests at the end feed the analysis the evidence of
+a lost job, an unexplained duplicate, a double claim, a stale completion and a locked
+database.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from benchmarks import chaos
+from benchmarks.chaos import Mark
+from benchmarks.chaos import Proc
+from benchmarks.chaos import ScenarioResult
+
+SQLITE = "sqlite:///"  # each scenario makes a fresh file in its work directory
+
+
+def passed(result: ScenarioResult) -> bool:
+    print(result.markdown())  # the figures, shown by pytest when a test fails or with -s
+    return result.ok
+
+
+def figure(result: ScenarioResult, name: str) -> str:
+    return dict(result.figures)[name]
+
+
+# -- the six scenarios ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_kill_storm_loses_nothing_and_explains_every_duplicate(tmp_path: Path) -> None:
+    # Kills land only on workers that have started, so they interrupt running jobs.
+    result = chaos.kill_storm(
+        SQLITE, tmp_path, jobs=300, job_ms=(10, 50), duration=5, kill_every=0.5, target="ready"
+    )
+    assert passed(result), result.violations
+    assert int(figure(result, "runs interrupted by a kill")) > 0, "the storm hit no running job"
+    assert figure(result, "jobs lost (not completed)") == "0"
+
+
+@pytest.mark.slow
+def test_paused_worker_late_completion_is_fenced(tmp_path: Path) -> None:
+    result = chaos.paused_worker(SQLITE, tmp_path, job_seconds=1.5)
+    assert passed(result), result.violations
+    assert figure(result, "paused worker logged 'lost its claim'") == "yes"
+
+
+@pytest.mark.slow
+def test_unfenced_completion_is_caught(tmp_path: Path) -> None:
+    result = chaos.paused_worker(SQLITE, tmp_path, job_seconds=1.5, broken="unfenced")
+    assert not passed(result)
+    assert any("late completion changed the job" in v for v in result.violations)
+    assert any("did not log that it lost its claim" in v for v in result.violations)
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_short_releases_long_and_idle_exits(tmp_path: Path) -> None:
+    result = chaos.sigterm(SQLITE, tmp_path, short_s=0.3, long_s=2.5, grace=1.5, poll=2.0)
+    assert passed(result), result.violations
+
+
+@pytest.mark.slow
+def test_poison_pills_end_dead_while_healthy_jobs_complete(tmp_path: Path) -> None:
+    result = chaos.poison_pills(SQLITE, tmp_path, healthy=40, healthy_ms=(20.0, 100.0))
+    assert passed(result), result.violations
+
+
+@pytest.mark.slow
+def test_busy_storm_never_reports_a_locked_database(tmp_path: Path) -> None:
+    result = chaos.busy_storm(SQLITE, tmp_path, producers=4, per_producer=250)
+    assert passed(result), result.violations
+    assert figure(result, "PRAGMA integrity_check") == "ok"
+
+
+@pytest.mark.slow
+def test_outage_longer_than_stale_after_burns_no_attempt(tmp_path: Path) -> None:
+    # 4 s without the write lock, twice STALE_AFTER: every heartbeat looks stale after it.
+    result = chaos.outage(
+        SQLITE, tmp_path, jobs=200, job_ms=100, seconds=4, lead=1.0, stale_after=2.0
+    )
+    assert passed(result), result.violations
+    assert figure(result, "jobs rescued (attempt consumed by the outage)") == "0"
+
+
+# -- the checks can fail -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[list[Proc]]:
+    """Two finished worker processes (real pids) for the analysis to attribute runs to."""
+    made = []
+    for n in range(2):
+        log = tmp_path / f"worker-{n}.log"
+        log.write_text("")
+        popen = subprocess.Popen([sys.executable, "-c", "pass"])
+        popen.wait(timeout=30)
+        made.append(Proc("worker", popen, log, spawned=time.time() - 100))
+    yield made
+
+
+def _run(kind: str, job: int, attempt: int, proc: Proc, at: float) -> Mark:
+    return Mark(kind, job, attempt, proc.pid, at)
+
+
+def test_a_duplicate_is_explained_by_a_kill(procs: list[Proc]) -> None:
+    killed, other = procs
+    t = time.time() - 50
+    killed.killed_at = t + 1
+    marks = [_run("start", 1, 1, killed, t), _run("start", 1, 2, other, t + 4)]
+    marks.append(_run("done", 1, 2, other, t + 5))
+    runs = chaos.analyze_runs(marks, procs, [1])
+    assert runs.duplicates == 1
+    assert runs.causes == {"kill": 1}
+    assert runs.unexplained == []
+    assert runs.latencies == [pytest.approx(3.0)]
+
+
+def test_an_unexplained_duplicate_and_a_double_claim_are_reported(procs: list[Proc]) -> None:
+    a, b = procs  # neither was killed, crashed, released or fenced
+    t = time.time() - 50
+    marks = [
+        _run("start", 1, 1, a, t),
+        _run("done", 1, 1, a, t + 1),
+        _run("start", 1, 1, b, t + 0.5),  # the same attempt claimed twice
+        _run("done", 1, 1, b, t + 1.5),
+    ]
+    runs = chaos.analyze_runs(marks, procs, [1])
+    assert runs.causes == {"unexplained": 1}
+    assert len(runs.unexplained) == 1
+    assert len(runs.attempt_twice) == 1
+    result = ScenarioResult("synthetic", "sqlite")
+    chaos._explain_figures(result, runs)
+    assert len(result.violations) == 2
+
+
+def _row(job_id: int, status: str, attempts: int, result: str | None, errors: int = 0) -> Any:
+    return SimpleNamespace(
+        id=job_id,
+        status=status,
+        attempts=attempts,
+        rescues=errors,
+        result=result,
+        errors=json.dumps([{"attempt": n + 1, "type": "WorkerLost"} for n in range(errors)]),
+        last_error=None,
+    )
+
+
+def test_a_lost_job_and_a_stale_completion_are_reported(procs: list[Proc]) -> None:
+    a, b = procs
+    t = time.time() - 50
+    marks = [
+        _run("start", 1, 1, a, t),
+        _run("done", 1, 1, a, t + 1),
+        _run("start", 1, 2, b, t + 3),
+        _run("done", 1, 2, b, t + 4),
+        _run("start", 2, 1, a, t + 5),
+    ]
+    rows = [
+        _row(1, "completed", 2, f'"{a.pid}:1"', errors=1),  # outcome of the stale attempt
+        _row(2, "running", 1, None),  # never finished
+    ]
+    result = ScenarioResult("synthetic", "sqlite")
+    chaos.check_completed(result, rows, marks, [1, 2])
+    assert figure(result, "jobs lost (not completed)") == "1"
+    text = " ".join(result.violations)
+    assert "not completed" in text
+    assert "not from their latest attempt" in text
+
+
+def test_a_locked_database_in_any_output_is_reported(procs: list[Proc]) -> None:
+    procs[1].log.write_text("sqlite3.OperationalError: database is locked\n")
+    result = ScenarioResult("synthetic", "sqlite")
+    chaos.check_logs(result, procs)
+    assert figure(result, "processes that saw 'database is locked'") == "1 of 2"
+    assert len(result.violations) == 1
