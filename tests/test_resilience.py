@@ -189,3 +189,37 @@ def test_hand_edited_timestamps_do_not_break_claims(make_app: Any) -> None:
 def _statuses(app: Flask) -> dict[int, str]:
     with _store(app).read() as conn:
         return dict(conn.execute(sa.select(jobs.c.id, jobs.c.status)).all())  # type: ignore[arg-type]
+
+
+def test_a_rescued_job_keeps_its_place_in_line(make_app: Any) -> None:
+    from datetime import timedelta
+
+    from flask_sqlqueue.core import lifecycle
+
+    app = make_app({"SQLQUEUE_STALE_AFTER": 5})
+    store = _store(app)
+    with app.app_context():
+        first = sample_app.add.enqueue(1, 1)
+        long_ago = store.now() - timedelta(minutes=5)
+        with store.write() as conn:  # claimed by a worker that died without a trace
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == first.id)
+                .values(
+                    status="running",
+                    attempts=1,
+                    worker_id="gone:1:x",
+                    claim_token="t" * 32,
+                    started_at=long_ago,
+                )
+            )
+        second = sample_app.add.enqueue(2, 2)  # due after the first
+        now = store.now()
+        rescued = store.run_write(
+            lambda conn: lifecycle.rescue_stale(conn, now - timedelta(seconds=5), now)
+        )
+        assert [job_id for job_id, _, _ in rescued] == [first.id]
+        assert first.refresh().run_at < second.run_at
+        assert sample_app.queue.worker(app=app).run_once()
+        assert first.refresh().status is JobStatus.COMPLETED
+        assert second.refresh().status is JobStatus.PENDING

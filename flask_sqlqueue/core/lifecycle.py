@@ -122,7 +122,7 @@ def release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
             status=PENDING,
             attempts=jobs.c.attempts - 1,
             releases=jobs.c.releases + 1,
-            run_at=now,
+            # run_at is kept: the job was due already and keeps its place in line.
             updated_at=now,
             worker_id=None,
             claim_token=None,
@@ -325,7 +325,7 @@ def rescue_stale(
             .values(
                 status=status,
                 rescues=jobs.c.rescues + 1,
-                run_at=now,
+                # run_at is kept: a rescued job goes ahead of jobs that became due after it.
                 updated_at=now,
                 finished_at=now if status == DEAD else None,
                 claim_token=None,
