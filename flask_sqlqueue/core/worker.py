@@ -307,6 +307,9 @@ class Worker:
                 return
             try:
                 self._execute(row)
+            except Exception:
+                # Never lose a job thread: the job stays running and will be rescued.
+                log.exception("job=%s: unexpected error while recording its outcome", row.id)
             finally:
                 self._wake.set()
 

@@ -41,9 +41,10 @@ class SQLiteOps(DialectOps):
                 "UPDATE ... RETURNING, from SQLite 3.35."
             )
         pragmas = (
+            # The timeout first: switching to WAL needs a lock another process may hold.
+            f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout * 1000)}",
             "PRAGMA journal_mode=WAL",
             f"PRAGMA synchronous={settings.sqlite_synchronous}",
-            f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout * 1000)}",
         )
 
         # SQLAlchemy's documented recipe: stop pysqlite from issuing its own BEGIN,
