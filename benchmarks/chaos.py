@@ -52,7 +52,7 @@ Definitions used in the tables:
   STALE_AFTER and the rescuer's heartbeat period.
 - *rescue latency, kill -> next start*: from the SIGKILL to the next ``start`` line of each
   job the killed worker had started and not finished. It adds the wait for a free thread;
-  a rescued job's ``run_at`` is the rescue time, so it queues behind the backlog.
+  a rescued job keeps its ``run_at``, so it goes ahead of jobs that became due later.
 - *the attempt holding the claim*: a completed job's result names the pid and attempt of
   the run that recorded it, and must be its latest attempt (``attempts``), with a done line.
 
@@ -1034,8 +1034,8 @@ def kill_storm(
             "'job=N rescued from lost worker W' for every job W held (claimed, started or "
             "not); it spans STALE_AFTER and the rescuer's heartbeat period. Kill -> next "
             "start: to the next start line of each job the killed worker had started and not "
-            "finished; it adds the wait for a free thread, and a rescued job's run_at is the "
-            "rescue time, so it queues behind the jobs already pending (the backlog)."
+            "finished; it adds the wait for a free thread (a rescued job keeps its run_at, "
+            "so it goes ahead of jobs that became due later)."
         )
         result.notes.append(
             (
