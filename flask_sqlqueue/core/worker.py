@@ -122,6 +122,8 @@ class Worker:
     ) -> None:
         self.store = store
         self.registry = registry
+        # The claim filters on these on every poll: sort them once, not per claim.
+        self._task_names = tuple(sorted(registry))
         self.options = options or WorkerOptions(stale_after=store.settings.stale_after)
         self.job_context = job_context or nullcontext
         self.clock = clock or store.now
@@ -293,7 +295,7 @@ class Worker:
                 now=now,
                 limit=limit,
                 queues=self.options.queues,
-                tasks=sorted(self.registry),
+                tasks=self._task_names,
             )
         with self._lock:
             for row in rows:
