@@ -126,7 +126,11 @@ def _workers_and_jobs(store: Store, registered: set[str]) -> list[Finding]:
     now = store.now()
     stale_before = now - timedelta(seconds=store.settings.stale_after)
     with store.read() as conn:
-        rows = conn.execute(sa.select(workers.c.id, workers.c.last_heartbeat_at)).all()
+        rows = conn.execute(
+            sa.select(workers.c.id, workers.c.last_heartbeat_at).where(
+                workers.c.stopped_at.is_(None)
+            )
+        ).all()
         running = conn.execute(
             sa.select(sa.func.count()).where(jobs.c.status == JobStatus.RUNNING.value)
         ).scalar_one()

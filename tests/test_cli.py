@@ -29,7 +29,13 @@ ADD = "tests.sample_app.add"
 REPORT = "tests.sample_app.report"
 ALWAYS_FAILS = "tests.sample_app.always_fails"
 GIVES_UP = "tests.sample_app.gives_up"
-QUEUE_TABLES = {"sqlqueue_jobs", "sqlqueue_job_effects", "sqlqueue_workers"}
+QUEUE_TABLES = {
+    "sqlqueue_jobs",
+    "sqlqueue_job_effects",
+    "sqlqueue_workers",
+    "sqlqueue_queues",
+    "sqlqueue_limits",
+}
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -700,7 +706,9 @@ def test_rescue_takes_back_jobs_of_lost_workers(flask_app: Flask) -> None:
     assert row(flask_app, spent)["finished_at"] is not None
     assert row(flask_app, alive)["status"] == "running"
     with engine(flask_app).connect() as conn:
-        assert conn.execute(sa.select(workers.c.id)).scalars().all() == ["live:2:bbb"]
+        states = conn.execute(sa.select(workers.c.id, workers.c.stop_reason)).all()
+    # The silent worker is kept, marked lost, so the dashboard lists it as gone.
+    assert sorted(map(tuple, states)) == [("live:2:bbb", None), ("stale:1:aaa", "lost")]
 
     # The rescued pending jobs run again; the attempt lost with the worker counted.
     run_worker(flask_app)

@@ -141,18 +141,33 @@ def test_worker_declared_dead_carries_on_under_a_new_id(make_app: Any) -> None:
             first = worker.id
             _wait_for(lambda: _worker_ids(app) == [first], "the worker's row")
             with _store(app).write() as conn:  # what a rescuer does to a stale worker
-                conn.execute(sa.delete(workers))
+                conn.execute(
+                    sa.update(workers).values(stopped_at=sa.func.now(), stop_reason="lost")
+                )
             _wait_for(lambda: worker.id != first, "a new worker id")
             _wait_for(lambda: _worker_ids(app) == [worker.id], "the new row")
             job = sample_app.add.enqueue(4, 5)
             _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job")
             assert job.worker_id == worker.id
+            second = worker.id
         assert _worker_ids(app) == []
+        # Both stay listed as gone, for the dashboard, with how they went.
+        assert _worker_ids(app, gone=True) == {first: "lost", second: "stopped"}
 
 
-def _worker_ids(app: Flask) -> list[str]:
+def _worker_ids(app: Flask, *, gone: bool = False) -> Any:
+    """Live worker ids; with ``gone``, stopped ones and how they stopped."""
     with _store(app).read() as conn:
-        return list(conn.execute(sa.select(workers.c.id)).scalars())
+        if gone:
+            rows = conn.execute(
+                sa.select(workers.c.id, workers.c.stop_reason).where(
+                    workers.c.stopped_at.is_not(None)
+                )
+            )
+            return {row.id: row.stop_reason for row in rows}
+        return list(
+            conn.execute(sa.select(workers.c.id).where(workers.c.stopped_at.is_(None))).scalars()
+        )
 
 
 def test_status_shows_jobs_with_a_status_it_does_not_know(make_app: Any) -> None:

@@ -33,7 +33,13 @@ from tests import sample_app
 from tests.conftest import query
 from tests.conftest import table_names
 
-QUEUE_TABLES = {"sqlqueue_jobs", "sqlqueue_job_effects", "sqlqueue_workers"}
+QUEUE_TABLES = {
+    "sqlqueue_jobs",
+    "sqlqueue_job_effects",
+    "sqlqueue_workers",
+    "sqlqueue_queues",
+    "sqlqueue_limits",
+}
 HINT = "flask queue db upgrade"
 EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'
 
@@ -90,17 +96,19 @@ def test_downgraded_schema_says_how_to_upgrade(make_app: Any, database_uri: str)
 
 
 @pytest.fixture
-def newer_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """This package with a second migration, as the next release will have one."""
+def newer_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """This package with one more migration, as the next release will have; yields the
+    revision the current release ends at."""
+    previous = schema.head()
     scripts = tmp_path / "scripts"
     shutil.copytree(schema.migrations_dir(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "0002_probe.py").write_text(
-        '"""A probe revision.\n\nRevision ID: 0002\nRevises: 0001\n"""\n\n'
+    (scripts / "versions" / "9999_probe.py").write_text(
+        f'"""A probe revision.\n\nRevision ID: 9999\nRevises: {previous}\n"""\n\n'
         "from __future__ import annotations\n\n"
         "import sqlalchemy as sa\n"
         "from alembic import op\n\n"
-        'revision = "0002"\n'
-        'down_revision = "0001"\n'
+        'revision = "9999"\n'
+        f'down_revision = "{previous}"\n'
         "branch_labels = None\n"
         "depends_on = None\n\n\n"
         "def upgrade() -> None:\n"
@@ -110,22 +118,22 @@ def newer_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[N
     )
     schema.head.cache_clear()
     monkeypatch.setattr(schema, "migrations_dir", lambda: scripts)
-    yield
+    yield previous
     monkeypatch.undo()
     schema.head.cache_clear()
 
 
 def test_older_schema_says_how_to_upgrade(
-    make_app: Any, database_uri: str, newer_package: None
+    make_app: Any, database_uri: str, newer_package: str
 ) -> None:
-    assert schema.head() == "0002"
+    assert schema.head() == "9999"
     app = make_app(upgrade=False)
-    schema.upgrade(_store(app).engine, "0001")  # what the previous release created
+    schema.upgrade(_store(app).engine, newer_package)  # what the previous release created
 
-    _assert_refused_with(app, "revision 0001", "older", "(0002)", HINT)
+    _assert_refused_with(app, f"revision {newer_package}", "older", "(9999)", HINT)
 
     sample_app.queue.upgrade_database(app=app)
-    assert schema.current(_store(app).engine) == "0002"
+    assert schema.current(_store(app).engine) == "9999"
     assert "sqlqueue_probe" in _tables(database_uri)
     with app.app_context():
         assert sample_app.add.enqueue(1, 2).id == 1
@@ -231,7 +239,7 @@ def test_columns_have_the_collations_of_the_models(make_app: Any) -> None:
             if wanted is not None:
                 assert reflected[column.name] == wanted, (table.name, column.name)
                 checked += 1
-    assert checked == (4 if engine.dialect.name == "mysql" else 0)
+    assert checked == (7 if engine.dialect.name == "mysql" else 0)
 
 
 # Where each database shows an index's definition as it was created.
@@ -251,8 +259,10 @@ def test_migrations_create_the_claim_index_descending(
     if backend == "mysql":
         (sql,) = [line for line in sql.splitlines() if "`ix_sqlqueue_jobs_claim`" in line]
         assert sql.strip().rstrip(",").endswith("(`status`,`priority` DESC,`run_at`,`id`)")
-    else:
-        assert sql.endswith("(status, priority DESC, run_at, id)")
+    else:  # and partial: finished jobs stay out of it
+        assert "(status, priority DESC, run_at, id) WHERE" in sql
+        assert sql.replace("(", "").replace(")", "").split(" WHERE ")[1].startswith("status")
+        assert "'pending'" in sql
 
 
 # -- SQLite connection settings ------------------------------------------------------------------
@@ -340,7 +350,8 @@ def test_write_lock_is_taken_at_begin(two_stores: tuple[Store, Store], database_
             assert deferred.execute("SELECT count(*) FROM sqlqueue_jobs").fetchone() == (0,)
             with pytest.raises(sqlite3.OperationalError, match="locked"):
                 deferred.execute(
-                    "INSERT INTO sqlqueue_workers VALUES ('w', 'h', 1, '', 1, '2030-01-01', "
+                    "INSERT INTO sqlqueue_workers (id, host, pid, queues, concurrency, "
+                    "started_at, last_heartbeat_at) VALUES ('w', 'h', 1, '', 1, '2030-01-01', "
                     "'2030-01-01')"
                 )
             deferred.execute("ROLLBACK")

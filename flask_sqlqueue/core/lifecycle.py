@@ -223,6 +223,8 @@ def cancel(conn: Connection, ids: Sequence[int], now: datetime) -> int:
 
 
 FINISHED = (COMPLETED, DEAD, CANCELLED)
+#: How long a stopped or lost worker stays listed after it is gone.
+GONE_WORKERS_KEPT = timedelta(days=1)
 
 
 def purge(conn: Connection, status: str, before: datetime) -> int:
@@ -273,13 +275,20 @@ def register_worker(
 def heartbeat(conn: Connection, worker_id: str, now: datetime) -> bool:
     """``False`` when the worker's row is gone: it was declared dead and must stop."""
     done = conn.execute(
-        sa.update(workers).where(workers.c.id == worker_id).values(last_heartbeat_at=now)
+        sa.update(workers)
+        .where(workers.c.id == worker_id, workers.c.stopped_at.is_(None))
+        .values(last_heartbeat_at=now)
     )
     return done.rowcount == 1
 
 
-def unregister_worker(conn: Connection, worker_id: str) -> None:
-    conn.execute(sa.delete(workers).where(workers.c.id == worker_id))
+def unregister_worker(conn: Connection, worker_id: str, now: datetime) -> None:
+    """Mark a worker stopped; its row stays a while so dashboards show it as gone."""
+    conn.execute(
+        sa.update(workers)
+        .where(workers.c.id == worker_id, workers.c.stopped_at.is_(None))
+        .values(stopped_at=now, stop_reason="stopped")
+    )
 
 
 def rescue_stale(
@@ -290,7 +299,9 @@ def rescue_stale(
     The lost attempt counts (it may have crashed the worker: a poison pill must end
     dead, not loop). Returns ``(job id, new status, lost worker id)`` for each job.
     """
-    live = sa.select(workers.c.id).where(workers.c.last_heartbeat_at >= stale_before)
+    live = sa.select(workers.c.id).where(
+        workers.c.last_heartbeat_at >= stale_before, workers.c.stopped_at.is_(None)
+    )
     lost = conn.execute(
         sa.select(
             jobs.c.id,
@@ -335,5 +346,10 @@ def rescue_stale(
         )
         if done.rowcount == 1:
             rescued.append((row.id, status, worker))
-    conn.execute(sa.delete(workers).where(workers.c.last_heartbeat_at < stale_before))
+    conn.execute(
+        sa.update(workers)
+        .where(workers.c.last_heartbeat_at < stale_before, workers.c.stopped_at.is_(None))
+        .values(stopped_at=now, stop_reason="lost")
+    )
+    conn.execute(sa.delete(workers).where(workers.c.stopped_at < now - GONE_WORKERS_KEPT))
     return rescued

@@ -22,6 +22,8 @@ from sqlalchemy.orm import mapped_column
 JOBS_TABLE = "sqlqueue_jobs"
 EFFECTS_TABLE = "sqlqueue_job_effects"
 WORKERS_TABLE = "sqlqueue_workers"
+QUEUES_TABLE = "sqlqueue_queues"
+LIMITS_TABLE = "sqlqueue_limits"
 VERSION_TABLE = "sqlqueue_alembic_version"
 
 metadata = sa.MetaData(
@@ -153,13 +155,30 @@ class JobRow(Base):
     #: The task's return value as JSON text.
     result: Mapped[str | None] = mapped_column(LongText)
     idempotency_key: Mapped[str | None] = mapped_column(ExactString(255), unique=True)
+    #: Set when cancellation of a running job was asked for; the task may check it.
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: The task's own report of how far it got: a fraction in [0, 1] and a short message.
+    progress: Mapped[float | None] = mapped_column(sa.Float)
+    progress_message: Mapped[str | None] = mapped_column(LongText)
+    #: The value a task's ``concurrency_key`` derived from the arguments, for limits.
+    concurrency_key: Mapped[str | None] = mapped_column(ExactString(255))
 
     __table_args__ = (
         # The claim index (pending jobs by priority DESC, run_at, id) is declared below.
         # The stale scan (running jobs by worker) and per-queue counts.
         sa.Index("ix_sqlqueue_jobs_status_worker", "status", "worker_id"),
         sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
-        sa.Index("ix_sqlqueue_jobs_task_status", "task", "status"),
+        # Per-task counts and filters; finished_at lets the admin's per-task metrics read
+        # a task's latest finished jobs straight from the index.
+        sa.Index("ix_sqlqueue_jobs_task_status_finished_at", "task", "status", "finished_at"),
+        # The admin's charts count finished jobs, new jobs and started jobs per minute.
+        sa.Index("ix_sqlqueue_jobs_status_finished_at", "status", "finished_at"),
+        sa.Index("ix_sqlqueue_jobs_created_at", "created_at"),
+        sa.Index("ix_sqlqueue_jobs_started_at", "started_at"),
+        # Running jobs per limited task and key, counted inside the claim.
+        sa.Index(
+            "ix_sqlqueue_jobs_task_concurrency_key_status", "task", "concurrency_key", "status"
+        ),
         MYSQL_TABLE,
     )
 
@@ -194,6 +213,39 @@ class WorkerRow(Base):
     concurrency: Mapped[int] = mapped_column(sa.Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
+    #: When the worker stopped (kept a day so the dashboard can show recently gone ones).
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: ``"stopped"`` after a graceful stop, ``"lost"`` when declared dead for silence.
+    stop_reason: Mapped[str | None] = mapped_column(sa.String(32))
+
+    __table_args__ = MYSQL_TABLE
+
+
+class QueueRow(Base):
+    """A queue's own settings; a queue without a row is simply active."""
+
+    __tablename__ = QUEUES_TABLE
+
+    name: Mapped[str] = mapped_column(ExactString(100), primary_key=True)
+    #: Set while the queue is paused: no worker on any host claims its jobs.
+    paused_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = MYSQL_TABLE
+
+
+class LimitRow(Base):
+    """One concurrency or rate limit bucket (a task, or a task and key).
+
+    The claim locks the bucket's row, so two workers never both count the same free
+    slot; a rate limit keeps the current window's start and its number of starts here.
+    """
+
+    __tablename__ = LIMITS_TABLE
+
+    name: Mapped[str] = mapped_column(ExactString(255), primary_key=True)
+    window_start: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    starts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
 
     __table_args__ = MYSQL_TABLE
 
@@ -201,8 +253,21 @@ class WorkerRow(Base):
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 effects: sa.Table = JobEffectRow.__table__  # type: ignore[assignment]
 workers: sa.Table = WorkerRow.__table__  # type: ignore[assignment]
+queues: sa.Table = QueueRow.__table__  # type: ignore[assignment]
+limits: sa.Table = LimitRow.__table__  # type: ignore[assignment]
 
 # The claim: pending jobs in priority order, then run_at, then id. Declared on the bound
 # columns so DESC is a column sort order that Alembic compares with the reflected index;
 # a text("priority DESC") expression shows up as a spurious difference on SQLite and MariaDB.
-sa.Index("ix_sqlqueue_jobs_claim", jobs.c.status, jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
+# Partial where the database has partial indexes: finished jobs, most of the table, stay
+# out of it, so the claim index stays small however long jobs are kept.
+_pending = jobs.c.status == JobStatus.PENDING.value
+sa.Index(
+    "ix_sqlqueue_jobs_claim",
+    jobs.c.status,
+    jobs.c.priority.desc(),
+    jobs.c.run_at,
+    jobs.c.id,
+    postgresql_where=_pending,
+    sqlite_where=_pending,
+)

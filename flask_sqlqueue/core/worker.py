@@ -207,10 +207,12 @@ class Worker:
         return self._stopping.is_set()
 
     def close(self) -> None:
-        """Remove this worker's row: it is no longer alive."""
+        """Mark this worker's row stopped: it is no longer alive."""
         if self._registered:
             try:
-                self.store.run_write(lambda conn: lifecycle.unregister_worker(conn, self.id))
+                self.store.run_write(
+                    lambda conn: lifecycle.unregister_worker(conn, self.id, self.clock())
+                )
             except sa.exc.SQLAlchemyError:
                 log.warning("worker %s could not remove its row; it will expire", self.id)
             self._registered = False
