@@ -19,6 +19,8 @@ demo: $(STAMP)
 	$(BIN)/python -m example_app.demo
 
 ## make test: linters, type checks, then the test suite.
+## PYTEST_ARGS overrides the defaults, e.g. PYTEST_ARGS="-n 0 -k worker".
+PYTEST_ARGS ?= -n 2
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -18,9 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -28,26 +25,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-@contextmanager
-def fresh_database(url: str) -> Iterator[str]:
-    """A database of its own for one run: a temp file, or a server database dropped after."""
-    parsed = sa.make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        with tempfile.TemporaryDirectory() as folder:
-            yield f"sqlite:///{Path(folder) / 'bench.db'}"
-        return
-    name = f"sqlqueue_bench_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(parsed, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield parsed.set(database=name).render_as_string(hide_password=False)
-    finally:
-        force = " WITH (FORCE)" if admin.dialect.name == "postgresql" else ""
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}{force}")
-        admin.dispose()
+from benchmarks.chaos import fresh_database  # noqa: E402  (needs ROOT on the path)
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -122,8 +100,9 @@ def main() -> None:
     print("| database | p50 ms | p95 ms | p99 ms | max ms |")
     print("|---|---:|---:|---:|---:|")
     for url in args.urls:
-        with fresh_database(url) as fresh:
-            figures = measure(fresh, args.samples, args.poll_interval)
+        with tempfile.TemporaryDirectory() as folder:
+            with fresh_database(url, Path(folder), "latency") as fresh:
+                figures = measure(fresh, args.samples, args.poll_interval)
         name = sa.make_url(url).get_backend_name()
         print(
             f"| {name} | {figures['p50']:.1f} | {figures['p95']:.1f} | "

@@ -3,25 +3,23 @@ database clock, and refusing servers without SKIP LOCKED."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import WorkerOptions
 from tests import sample_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
+from tests.conftest import fresh_database
 
 ENQUEUE = (
     "from tests import sample_app\n"
@@ -31,35 +29,19 @@ ENQUEUE = (
 )
 
 
-def _fresh_database(var: str) -> Iterator[str]:
-    url = os.environ.get(var)
-    if not url:
-        pytest.skip(f"set {var} to run this test")
-    base = sa.make_url(url)
-    name = f"sqlqueue_feature_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:  # set but unreachable: this raises, the test fails
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        force = " WITH (FORCE)" if admin.dialect.name == "postgresql" else ""
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}{force}")
-        admin.dispose()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def wake_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'queue.db'}"
     else:
-        yield from _fresh_database("SQLQUEUE_TEST_POSTGRES_URL")
+        with fresh_database("postgresql") as uri:
+            yield uri
 
 
-@pytest.fixture(params=["SQLQUEUE_TEST_POSTGRES_URL", "SQLQUEUE_TEST_MYSQL_URL"])
+@pytest.fixture(params=["postgresql", "mysql"])
 def server_uri(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from _fresh_database(request.param)
+    with fresh_database(request.param) as uri:
+        yield uri
 
 
 def test_idle_worker_wakes_for_another_process_long_before_its_poll(wake_uri: str) -> None:
