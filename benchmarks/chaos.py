@@ -1289,9 +1289,16 @@ def sigterm(
             f"the long job did not run exactly once after the release: {later}, dones {long_dones}",
         )
         with h.store.read() as conn:
-            leftover = conn.execute(sa.text("SELECT COUNT(*) FROM sqlqueue_workers")).scalar_one()
-        result.add("worker rows left", leftover)
-        result.check(leftover == 0, f"{leftover} worker row(s) left after clean exits")
+            leftover = conn.execute(
+                sa.text(
+                    "SELECT COUNT(*) FROM sqlqueue_workers "
+                    "WHERE stopped_at IS NULL OR stop_reason <> 'stopped'"
+                )
+            ).scalar_one()
+        result.add("worker rows not marked stopped", leftover)
+        result.check(
+            leftover == 0, f"{leftover} worker row(s) not marked stopped after clean exits"
+        )
         check_logs(result, h.procs)
     return result
 

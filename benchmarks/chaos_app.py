@@ -155,7 +155,15 @@ def _install_broken(mode: str) -> None:
             )
             return done.rowcount == 1
 
+        def unfenced_complete_many(conn: Connection, done: Any, now: datetime) -> set[int]:
+            return {
+                job_id
+                for job_id, token, result in done
+                if unfenced_complete(conn, job_id, token, result, now)
+            }
+
         lifecycle.complete = unfenced_complete
+        lifecycle.complete_many = unfenced_complete_many
     else:
         raise click.UsageError(f"CHAOS_BROKEN={mode!r} is not a known broken mode (unfenced).")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .core.context import current_job as current_job
+from .core.enqueue import Call as Call
 from .core.jobs import Job as Job
 from .core.models import JobStatus as JobStatus
 from .core.tasks import BoundTask as BoundTask
@@ -12,12 +13,14 @@ from .core.worker import WorkerOptions as WorkerOptions
 from .exceptions import ClaimLost as ClaimLost
 from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import DuplicateTask as DuplicateTask
+from .exceptions import JobCancelled as JobCancelled
 from .exceptions import PayloadError as PayloadError
 from .exceptions import PermanentFailure as PermanentFailure
 from .exceptions import QueueUnavailable as QueueUnavailable
 from .exceptions import Retry as Retry
 from .exceptions import SchemaError as SchemaError
 from .exceptions import SQLQueueError as SQLQueueError
+from .exceptions import UnknownQueue as UnknownQueue
 from .exceptions import UnknownTask as UnknownTask
 from .extension import SQLQueue as SQLQueue
 
@@ -25,10 +28,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BoundTask",
+    "Call",
     "ClaimLost",
     "ConfigurationError",
     "DuplicateTask",
     "Job",
+    "JobCancelled",
     "JobStatus",
     "PayloadError",
     "PermanentFailure",
@@ -38,6 +43,7 @@ __all__ = [
     "SQLQueueError",
     "SchemaError",
     "Task",
+    "UnknownQueue",
     "UnknownTask",
     "Worker",
     "WorkerOptions",

@@ -19,13 +19,17 @@ from typing import TypeVar
 import click
 import sqlalchemy as sa
 from alembic.util import CommandError
+from click.core import ParameterSource
 from flask import current_app
 from flask.cli import AppGroup
+from flask.cli import ScriptInfo
 
 from . import schema
 from .core import lifecycle
 from .core import queries
+from .core import retention
 from .core.enqueue import EnqueueOptions
+from .core.limits import with_limit_key
 from .core.models import JobStatus
 from .core.payload import encode_payload
 from .core.worker import WorkerOptions
@@ -153,23 +157,43 @@ def _when(value: datetime | None) -> str:
     show_default=True,
     help="Seconds to let running jobs finish after SIGTERM/SIGINT.",
 )
+@click.option(
+    "--processes",
+    "-p",
+    type=click.IntRange(1, 256),
+    help="Run every job in a child process, this many at once (instead of --concurrency "
+    "threads): task timeouts are enforced and running jobs can be cancelled.",
+)
 @_clean_errors
 def work_command(
-    queues: tuple[str, ...], concurrency: int, burst: bool, poll_interval: float, grace: float
+    queues: tuple[str, ...],
+    concurrency: int,
+    burst: bool,
+    poll_interval: float,
+    grace: float,
+    processes: int | None,
 ) -> None:
     """Run jobs until stopped.
 
     SIGTERM or Ctrl-C: claim nothing more, let running jobs finish within --grace
     seconds, hand unfinished ones back to pending, exit 0. A second signal exits at once.
 
+    With --processes N, N child processes (each loading the app) run the jobs, one at a
+    time each; a task's timeout kills its attempt, which counts as failed. Tasks declared
+    with isolate=True run in a child process in either mode.
+
     \b
     Example:
       flask queue work --queue default --queue mail --concurrency 4
+      flask queue work --processes 4
     """
     from .core.enqueue import check_options
 
     for name in queues:
         check_options(queue=name)
+    ctx = click.get_current_context()
+    if processes and ctx.get_parameter_source("concurrency") is not ParameterSource.DEFAULT:
+        raise click.UsageError("Give --processes or --concurrency, not both.")
     state = _state()
     if not logging.getLogger().handlers:
         logging.basicConfig(
@@ -182,8 +206,14 @@ def work_command(
         poll_interval=poll_interval,
         stale_after=state.settings.stale_after,
         grace=grace,
+        processes=processes or 0,
     )
-    worker = state.queue.worker(options, current_app._get_current_object())  # type: ignore[attr-defined]
+    loader = None
+    if processes or any(task.isolate for task in state.queue.registry.values()):
+        from .processes import AppLoader
+
+        loader = AppLoader.from_script_info(ctx.ensure_object(ScriptInfo))
+    worker = state.queue.worker(options, current_app._get_current_object(), loader=loader)  # type: ignore[attr-defined]
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if worker.stopping:
@@ -221,6 +251,8 @@ def status_command() -> None:
         waiting = queries.pending_tasks(conn)
     if not rows:
         click.echo("No jobs.")
+        _echo_schedules(state, now)
+        _echo_controls(state, now)
         return
     # A status this version does not know (a row edited by hand) gets a column of its
     # own, so no job is ever missing from the counts.
@@ -246,6 +278,35 @@ def status_command() -> None:
             f"warning: {n} pending job(s) for task {task!r}, which this app does not register; "
             "no worker of this app will run them.",
             err=True,
+        )
+    _echo_schedules(state, now)
+    _echo_controls(state, now)
+    policy = retention.RetentionPolicy.from_settings(state.settings)
+    click.echo(f"retention: {retention.describe(policy)}")
+
+
+def _echo_controls(state: _State, now: datetime) -> None:
+    """Paused queues, and every limited task's buckets, under ``flask queue status``."""
+    from .core import limits
+    from .core.queues import paused_queues
+
+    with state.store.read() as conn:
+        paused = paused_queues(conn)
+        buckets = limits.describe(conn, state.queue.registry, now)
+    for name, since in paused.items():
+        click.echo(f"paused {name}: since {_when(since)} UTC (no worker claims its jobs)")
+    for info in buckets:
+        click.echo(f"limit {info.label}: {info.summary}")
+
+
+def _echo_schedules(state: _State, now: datetime) -> None:
+    """One line per periodic task under ``flask queue status``."""
+    from .core import periodic
+
+    for info in periodic.describe(state.store, state.queue.registry, now):
+        click.echo(
+            f"periodic {info.schedule.task}: {info.schedule.expression!r} "
+            f"({info.schedule.timezone}), next {_when(info.next_run) or 'never'} UTC"
         )
 
 
@@ -327,8 +388,13 @@ def show_command(job_id: int) -> None:
         ("worker", job.worker_id or "-"),
         ("rescues", job.rescues),
         ("releases", job.releases),
+        ("progress", _progress(job.progress, job.progress_message)),
+        ("cancel request", _when(job.cancel_requested_at) or "-"),
         ("last error", job.last_error or "-"),
     ]
+    registered = state.queue.registry.get(job.task)
+    if registered is not None and (registered.timeout is not None or registered.isolate):
+        fields.insert(-1, ("timeout", _timeout_text(registered.timeout, registered.isolate)))
     width = max(len(name) for name, _ in fields)
     for name, value in fields:
         click.echo(f"{name.ljust(width)}  {value}")
@@ -354,6 +420,22 @@ def show_command(job_id: int) -> None:
         )
         if record.get("traceback"):
             click.echo(_indent(str(record["traceback"]).rstrip(), 4))
+
+
+def _progress(fraction: float | None, message: str | None, width: int = 20) -> str:
+    """``[#########-----------]  45%  page 9 of 20``, or ``-``."""
+    if fraction is None:
+        return "-"
+    filled = round(max(0.0, min(fraction, 1.0)) * width)
+    bar = f"[{'#' * filled}{'-' * (width - filled)}] {fraction * 100:3.0f}%"
+    return f"{bar}  {_short(message, 60)}" if message else bar
+
+
+def _timeout_text(timeout: float | None, isolate: bool) -> str:
+    if timeout is None:
+        return "none (each attempt runs in a child process)"
+    where = "its child process is killed" if isolate else "enforced only with --processes"
+    return f"{timeout:g}s ({where})"
 
 
 def _indent(text: str, n: int = 2) -> str:
@@ -397,7 +479,11 @@ def retry_command(
 @click.argument("job_ids", nargs=-1, required=True, type=JOB_ID)
 @_clean_errors
 def cancel_command(job_ids: tuple[int, ...]) -> None:
-    """Cancel pending jobs. All or none: a missing or non-pending id changes nothing.
+    """Cancel pending jobs, and ask running ones to stop. All or none: a missing or
+    finished id changes nothing.
+
+    A running job stops when its task checks current_job.cancel_requested; one that
+    never checks runs to its end.
 
     \b
     Example:
@@ -405,8 +491,8 @@ def cancel_command(job_ids: tuple[int, ...]) -> None:
     """
     state = _state()
     now = state.store.now()
-    n = state.store.run_write(lambda conn: lifecycle.cancel(conn, job_ids, now))
-    click.echo(f"Cancelled {n} job(s).")
+    done = state.store.run_write(lambda conn: lifecycle.cancel_jobs(conn, job_ids, now))
+    click.echo(done.describe())
 
 
 @queue_cli.command("purge")
@@ -460,6 +546,66 @@ def rescue_command() -> None:
         state.store.wake()
 
 
+@queue_cli.command("pause")
+@click.argument("names", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Pause every queue known now.")
+@_clean_errors
+def pause_command(names: tuple[str, ...], every: bool) -> None:
+    """Stop workers on every host from claiming jobs of these queues; running jobs finish.
+
+    Enqueueing goes on: the jobs wait until `flask queue resume`. All or nothing: an
+    unknown queue name changes nothing. --all pauses the queues known now (those of the
+    registered tasks and those with jobs), not queues that appear later.
+
+    \b
+    Example:
+      flask queue pause reports
+      flask queue pause --all
+    """
+    _pause_or_resume(names, every, paused=True)
+
+
+@queue_cli.command("resume")
+@click.argument("names", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Resume every paused queue.")
+@_clean_errors
+def resume_command(names: tuple[str, ...], every: bool) -> None:
+    """Let workers claim jobs of these paused queues again.
+
+    \b
+    Example:
+      flask queue resume reports
+    """
+    _pause_or_resume(names, every, paused=False)
+
+
+def _pause_or_resume(names: tuple[str, ...], every: bool, *, paused: bool) -> None:
+    from .core import queues
+
+    if bool(names) == every:
+        raise click.UsageError("Give queue names or --all, not both and not neither.")
+    state = _state()
+    declared = {task.options.queue or "default" for task in state.queue.registry.values()}
+    if every:
+        with state.store.read() as conn:
+            names = tuple(
+                sorted(queues.known_queues(conn, declared))
+                if paused
+                else queues.paused_queues(conn)
+            )
+    names = tuple(dict.fromkeys(names))
+    if not names:
+        click.echo("No queues to pause." if paused else "No queue is paused.")
+        return
+    changed = queues.set_paused(state.store, names, paused=paused, declared=declared)
+    verb = "Paused" if paused else "Resumed"
+    for name in names:
+        if name in changed:
+            click.echo(f"{verb} queue {name!r}.")
+        else:
+            click.echo(f"Queue {name!r} was {'already paused' if paused else 'not paused'}.")
+
+
 @queue_cli.command("enqueue")
 @click.argument("task")
 @click.option("--args", "args_json", default="[]", help="JSON array of positional arguments.")
@@ -494,6 +640,7 @@ def enqueue_command(
     options = registered.options.merged(
         EnqueueOptions(queue=queue, priority=priority, delay=delay, idempotency_key=idempotency_key)
     )
+    options = with_limit_key(registered, tuple(args), kwargs, options)
     job = state.store.enqueue(task, encode_payload(args, kwargs), options)
     click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
 
@@ -506,6 +653,42 @@ def _json_arg(flag: str, text: str, kind: type, name: str) -> Any:
     if not isinstance(value, kind):
         raise click.ClickException(f"{flag} must be a JSON {name}, got {text!r}.")
     return value
+
+
+@queue_cli.command("periodic")
+@_clean_errors
+def periodic_command() -> None:
+    """List periodic tasks: schedule, next run (its time zone and UTC), last slot enqueued.
+
+    Every running worker (not --burst) enqueues each slot once; see docs/periodic.md.
+
+    \b
+    Example:
+      flask queue periodic
+    """
+    from .core import periodic
+
+    state = _state()
+    infos = periodic.describe(state.store, state.queue.registry)
+    if not infos:
+        click.echo("No periodic tasks; declare one with @queue.periodic('*/5 * * * *').")
+        return
+    rows = [
+        [
+            info.schedule.task,
+            info.schedule.expression,
+            info.schedule.timezone,
+            _when(info.next_run_local) or "never",
+            _when(info.next_run) or "never",
+            _when(info.last_slot) or "-",
+            info.queue,
+            "yes" if info.schedule.backfill else "no",
+        ]
+        for info in infos
+    ]
+    headers = ["task", "schedule", "timezone", "next run (local)", "next run (UTC)"]
+    headers += ["last slot (UTC)", "queue", "backfill"]
+    click.echo(_table(headers, rows))
 
 
 @queue_cli.command("doctor")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
+from datetime import timedelta
 from typing import Any
 
 from .exceptions import ConfigurationError
@@ -24,9 +26,16 @@ DEFAULTS: dict[str, Any] = {
     "SQLQUEUE_EAGER": False,
     "SQLQUEUE_SQLITE_SYNCHRONOUS": "FULL",
     "SQLQUEUE_SQLITE_BUSY_TIMEOUT": 30.0,
+    # Retention: how long finished jobs are kept before the workers delete them (seconds
+    # or a timedelta; None keeps them forever). Effect keys default to forever.
+    "SQLQUEUE_KEEP_COMPLETED": timedelta(days=7),
+    "SQLQUEUE_KEEP_DEAD": timedelta(days=30),
+    "SQLQUEUE_KEEP_EFFECTS": None,
+    "SQLQUEUE_PRUNE_INTERVAL": 60.0,
 }
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
+_LONGEST_KEEP = 100 * 366 * 86400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +52,15 @@ class Settings:
     eager: bool = False
     sqlite_synchronous: str = "FULL"
     sqlite_busy_timeout: float = 30.0
+    #: Seconds completed and cancelled jobs are kept after they finish; None: forever.
+    keep_completed: float | None = 7 * 86400.0
+    #: Seconds dead jobs are kept after they went dead; None: forever.
+    keep_dead: float | None = 30 * 86400.0
+    #: Seconds an effect key is kept after it was reserved, and only once its job is
+    #: gone too; None: forever.
+    keep_effects: float | None = None
+    #: Seconds between two pruning rounds of one worker.
+    prune_interval: float = 60.0
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any], instance_path: str) -> Settings:
@@ -55,6 +73,23 @@ class Settings:
                 what = "a whole number" if integer else "a number"
                 raise ConfigurationError(f"{key} must be {what} >= {minimum}, got {value!r}.")
             return value if integer else float(value)
+
+        def keep(key: str) -> float | None:
+            value = config.get(key, DEFAULTS[key])
+            if value is None:
+                return None
+            if isinstance(value, timedelta):
+                seconds = value.total_seconds()
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                seconds = float(value)
+            else:
+                seconds = math.nan
+            if not (math.isfinite(seconds) and 0 < seconds <= _LONGEST_KEEP):
+                raise ConfigurationError(
+                    f"{key} must be a number of seconds or a timedelta, more than zero and "
+                    f"at most 100 years, or None to keep forever; got {value!r}."
+                )
+            return seconds
 
         uri = config.get("SQLQUEUE_DATABASE_URI") or (
             "sqlite:///" + os.path.join(instance_path, DEFAULT_DATABASE_FILE)
@@ -84,4 +119,8 @@ class Settings:
             eager=bool(config.get("SQLQUEUE_EAGER", False)),
             sqlite_synchronous=synchronous,
             sqlite_busy_timeout=number("SQLQUEUE_SQLITE_BUSY_TIMEOUT", minimum=0),
+            keep_completed=keep("SQLQUEUE_KEEP_COMPLETED"),
+            keep_dead=keep("SQLQUEUE_KEEP_DEAD"),
+            keep_effects=keep("SQLQUEUE_KEEP_EFFECTS"),
+            prune_interval=number("SQLQUEUE_PRUNE_INTERVAL", minimum=0.1),
         )

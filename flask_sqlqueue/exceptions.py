@@ -49,6 +49,18 @@ class UnknownTask(SQLQueueError, LookupError):
         )
 
 
+class UnknownQueue(SQLQueueError, LookupError):
+    """A queue name that no registered task uses and no job is in (likely a typo)."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        listed = ", ".join(known) or "none"
+        super().__init__(
+            f"No queue {name!r}: no registered task uses it and no job is in it "
+            f"(known queues: {listed}); nothing was changed."
+        )
+
+
 class SchemaError(SQLQueueError):
     """The queue's tables are missing or older than this version of flask_sqlqueue."""
 
@@ -93,6 +105,20 @@ class PermanentFailure(Exception):
 
     No further attempts are made, whatever ``max_attempts`` says.
     """
+
+
+class JobCancelled(Exception):
+    """Raise inside a task to stop it because its cancellation was asked for.
+
+    :meth:`current_job.raise_if_cancelled` raises it when a cancel request is pending.
+    The worker records the job as ``cancelled``: not a failed attempt, never retried.
+    """
+
+    def __init__(self, job_id: int | None = None, reason: str = "") -> None:
+        self.job_id = job_id
+        self.reason = reason
+        where = f"Job {job_id}" if job_id is not None else "The job"
+        super().__init__(reason or f"{where} was cancelled.")
 
 
 class ClaimLost(SQLQueueError):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,15 +27,24 @@ from sqlalchemy.orm import scoped_session
 from . import schema
 from .config import DEFAULTS
 from .config import Settings
+from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
 from .core.enqueue import check_options
 from .core.enqueue import check_task_name
+from .core.enqueue import encode_calls
+from .core.isolation import RuntimeLoader
 from .core.jobs import Job
 from .core.lifecycle import BackoffFunc
+from .core.limits import TaskLimits
+from .core.limits import with_limit_key
 from .core.payload import encode_payload
+from .core.periodic import DEFAULT_BACKFILL_LIMIT
+from .core.periodic import DEFAULT_BACKFILL_WINDOW
+from .core.periodic import Schedule
 from .core.store import Store
 from .core.tasks import Task
 from .core.tasks import TaskRegistry
+from .core.tasks import check_timeout
 from .core.worker import Worker
 from .core.worker import WorkerOptions
 from .exceptions import ConfigurationError
@@ -112,7 +123,9 @@ class SQLQueue:
         for key, default in DEFAULTS.items():
             app.config.setdefault(key, dict(default) if isinstance(default, dict) else default)
         settings = Settings.from_mapping(app.config, instance_path=app.instance_path)
-        app.extensions[EXTENSION_KEY] = _State(self, settings, Store.from_settings(settings))
+        store = Store.from_settings(settings)
+        store.signal_sender = app  # signals name the app, as Flask's own do
+        app.extensions[EXTENSION_KEY] = _State(self, settings, store)
 
         from .cli import queue_cli
 
@@ -135,6 +148,11 @@ class SQLQueue:
         priority: int | None = None,
         max_attempts: int | None = None,
         backoff: BackoffFunc | None = None,
+        timeout: float | None = None,
+        isolate: bool = False,
+        concurrency: int | None = None,
+        concurrency_key: Callable[..., object] | None = None,
+        rate_limit: tuple[int, float | timedelta] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -147,6 +165,11 @@ class SQLQueue:
         priority: int | None = None,
         max_attempts: int | None = None,
         backoff: BackoffFunc | None = None,
+        timeout: float | None = None,
+        isolate: bool = False,
+        concurrency: int | None = None,
+        concurrency_key: Callable[..., object] | None = None,
+        rate_limit: tuple[int, float | timedelta] | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -156,9 +179,29 @@ class SQLQueue:
         :param max_attempts: attempts before a job goes dead (``SQLQUEUE_MAX_ATTEMPTS``).
         :param backoff: ``attempt -> seconds`` (or a timedelta) before the next attempt,
             instead of the configured exponential backoff.
+        :param timeout: seconds an attempt may run. Enforced (the attempt is killed and
+            counts as failed) only when it runs in a child process: ``isolate=True`` or
+            ``flask queue work --processes N``; on a thread it is only reported.
+        :param isolate: run each attempt in a child process of the worker, so that a
+            timeout or a cancellation can stop it and a crash cannot take the worker down.
+        :param concurrency: at most this many of its jobs run at once, across every
+            worker on every host (per key with ``concurrency_key``): docs/limits.md.
+        :param concurrency_key: ``(*args, **kwargs) -> str | int``, called at enqueue
+            with the job's arguments; each key gets limits of its own, e.g.
+            ``lambda account_id, **_: account_id``.
+        :param rate_limit: ``(starts, period)``: at most ``starts`` jobs (per key) start
+            in each fixed window of ``period`` seconds (or a timedelta).
         :raises DuplicateTask: the name is taken.
+        :raises ConfigurationError: a limit is invalid.
+        :raises ValueError: ``timeout`` is not a positive number of seconds.
         """
         check_options(queue=queue, priority=priority, max_attempts=max_attempts)
+        check_timeout(timeout)
+        if not isinstance(isolate, bool):
+            raise TypeError(f"isolate must be True or False, got {isolate!r}.")
+        limits = TaskLimits.declare(
+            concurrency=concurrency, concurrency_key=concurrency_key, rate_limit=rate_limit
+        )
 
         def register(function: Callable[P, R]) -> Task[P, R]:
             task_name = name or f"{function.__module__}.{function.__qualname__}"
@@ -168,11 +211,96 @@ class SQLQueue:
                 options=EnqueueOptions(queue=queue, priority=priority, max_attempts=max_attempts),
                 backoff=backoff,
                 producer=self._produce,
+                batch_producer=self._produce_many,
+                timeout=timeout,
+                isolate=isolate,
+                limits=limits,
             )
             self.registry.add(task)
             return task
 
         return register if fn is None else register(fn)
+
+    def periodic(
+        self,
+        schedule: str,
+        *,
+        timezone: str = "UTC",
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        backfill: bool = False,
+        backfill_limit: int = DEFAULT_BACKFILL_LIMIT,
+        backfill_window: timedelta | float = DEFAULT_BACKFILL_WINDOW,
+        name: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        backoff: BackoffFunc | None = None,
+        timeout: float | None = None,
+        isolate: bool = False,
+        concurrency: int | None = None,
+        concurrency_key: Callable[..., object] | None = None,
+        rate_limit: tuple[int, float | timedelta] | None = None,
+    ) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Register a task that the workers also enqueue on a cron schedule.
+
+        ::
+
+            @queue.periodic("*/5 * * * *", timezone="Europe/Paris")
+            def refresh_rates() -> None: ...
+
+        Each time slot becomes exactly one job however many workers run, enforced by a
+        unique key in the database. It is still an ordinary task: ``.enqueue()`` works.
+
+        :param schedule: a cron expression (5 fields; or 6 with seconds first).
+        :param timezone: IANA zone name in which the expression is read (``"UTC"``).
+        :param args: positional arguments of every scheduled run (JSON).
+        :param kwargs: keyword arguments of every scheduled run (JSON).
+        :param backfill: after every worker was down, enqueue the missed slots too (at
+            most ``backfill_limit``, none older than ``backfill_window``); by default a
+            slot not enqueued within a minute of its time is skipped.
+
+        The other options are those of :meth:`task`.
+
+        :raises ConfigurationError: invalid expression, unknown zone, arguments that do
+            not fit the function, or the task options' own errors.
+        """
+        check_options(queue=queue, priority=priority, max_attempts=max_attempts)
+
+        def register(function: Callable[P, R]) -> Task[P, R]:
+            if isinstance(function, Task):
+                raise TypeError(
+                    f"@queue.periodic declares the task itself; use it instead of "
+                    f"@queue.task on {function.name!r}, with the same options."
+                )
+            task_name = name or f"{function.__module__}.{function.__qualname__}"
+            plan = Schedule.create(
+                task_name,
+                schedule,
+                timezone=timezone,
+                fn=function,
+                args=args,
+                kwargs=kwargs,
+                backfill=backfill,
+                backfill_limit=backfill_limit,
+                backfill_window=backfill_window,
+            )
+            task = self.task(
+                name=task_name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+                isolate=isolate,
+                concurrency=concurrency,
+                concurrency_key=concurrency_key,
+                rate_limit=rate_limit,
+            )(function)
+            task.schedule = plan
+            return task
+
+        return register
 
     # -- producing and reading ------------------------------------------------------------------
 
@@ -212,6 +340,7 @@ class SQLQueue:
         registered = self.registry.get(task)
         if registered is not None:
             options = registered.options.merged(options)
+            options = with_limit_key(registered, tuple(args), kwargs or {}, options)
         return self._write(task, encode_payload(args, kwargs or {}), options)
 
     def _produce(
@@ -221,7 +350,62 @@ class SQLQueue:
         kwargs: dict[str, Any],
         options: EnqueueOptions,
     ) -> Job:
+        options = with_limit_key(task, args, kwargs, options)
         return self._write(task.name, encode_payload(args, kwargs), options)
+
+    def enqueue_many(
+        self,
+        task: str,
+        calls: Iterable[CallLike],
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | timedelta | None = None,
+        run_at: datetime | None = None,
+        max_attempts: int | None = None,
+        session: Session | scoped_session[Any] | Connection | None = None,
+    ) -> list[Job]:
+        """Enqueue many jobs of a task by name in one transaction: what
+        :meth:`Task.enqueue_many` does, for code that does not import the task.
+
+        :param calls: each a :class:`~flask_sqlqueue.core.enqueue.Call` or an
+            ``(args, kwargs)`` tuple; idempotency keys go on each ``Call``.
+        """
+        check_task_name(task)
+        options = EnqueueOptions(
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            session=session,
+        )
+        registered = self.registry.get(task)
+        if registered is None:
+            return self._write_many(task, encode_calls(calls), options)
+        return self._produce_many(registered, calls, registered.options.merged(options))
+
+    def _produce_many(
+        self, task: Task[Any, Any], calls: Iterable[CallLike], options: EnqueueOptions
+    ) -> list[Job]:
+        limits = task.limits
+        limit_key = None
+        if limits is not None and limits.key is not None:
+            limit_key = functools.partial(limits.key_for, task.name)
+        return self._write_many(task.name, encode_calls(calls, limit_key), options)
+
+    def _write_many(
+        self, task: str, calls: list[tuple[str, str | None, str | None]], options: EnqueueOptions
+    ) -> list[Job]:
+        state = self.state()
+        state.ensure_schema()
+        made = state.store.enqueue_many(task, calls, options)
+        if state.settings.eager and task in self.registry:
+            worker = state.eager_worker(current_app._get_current_object())  # type: ignore[attr-defined]
+            for job in dict.fromkeys(made):  # a key repeated in the batch is one job
+                worker.run_job(job.id)
+                job.refresh()
+        return made
 
     def _write(self, task: str, payload: str, options: EnqueueOptions) -> Job:
         state = self.state()
@@ -237,6 +421,59 @@ class SQLQueue:
         state = self.state()
         state.ensure_schema()
         return state.store.get_job(job_id)
+
+    def pause(self, name: str) -> bool:
+        """Stop every worker, on every host, from claiming jobs of queue ``name``; jobs
+        already running finish. Enqueueing goes on; the jobs wait for :meth:`resume`.
+
+        :returns: ``False`` if the queue was paused already.
+        :raises UnknownQueue: no registered task uses ``name`` and no job is in it
+            (nothing is changed).
+        """
+        return self._set_paused(name, paused=True)
+
+    def resume(self, name: str) -> bool:
+        """Let workers claim jobs of queue ``name`` again.
+
+        :returns: ``False`` if the queue was not paused.
+        :raises UnknownQueue: as :meth:`pause`.
+        """
+        return self._set_paused(name, paused=False)
+
+    def paused_queues(self) -> dict[str, datetime]:
+        """Every paused queue, with the time it was paused."""
+        from .core.queues import paused_queues
+
+        state = self.state()
+        state.ensure_schema()
+        with state.store.read() as conn:
+            return paused_queues(conn)
+
+    def _set_paused(self, name: str, *, paused: bool) -> bool:
+        from .core.queues import set_paused
+
+        state = self.state()
+        state.ensure_schema()
+        declared = {task.options.queue or "default" for task in self.registry.values()}
+        return bool(set_paused(state.store, [name], paused=paused, declared=declared))
+
+    def drain(
+        self,
+        *,
+        include_scheduled: bool = False,
+        now: datetime | None = None,
+        app: Flask | None = None,
+    ) -> list[Job]:
+        """Run every job eligible now in this thread, through the real claim, until none
+        is left: for tests. With ``include_scheduled`` also the ones due later. See
+        :func:`flask_sqlqueue.testing.drain`, which also takes a movable clock.
+
+        :returns: each job that ran, as it is now.
+        """
+        from .testing import drain
+
+        self.state(app)  # needs an app; refuses one that another SQLQueue serves
+        return drain(app, include_scheduled=include_scheduled, now=now)
 
     def admin_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
         """The admin dashboard as a blueprint named ``"sqlqueue"``; register it with a
@@ -255,10 +492,38 @@ class SQLQueue:
 
         return create_blueprint(self, authorize)
 
+    def metrics_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
+        """A blueprint serving ``GET /metrics`` for Prometheus: the queue's gauges read
+        from the database, and the counters of this process (see
+        :mod:`flask_sqlqueue.metrics`; needs the ``prometheus`` extra). Closed by
+        default like the admin: ``authorize()`` must return something truthy.
+
+        ::
+
+            app.register_blueprint(
+                queue.metrics_blueprint(authorize=lambda: True), url_prefix="/queue"
+            )
+        """
+        from .metrics import create_blueprint
+
+        return create_blueprint(authorize)
+
     # -- running --------------------------------------------------------------------------------
 
-    def worker(self, options: WorkerOptions | None = None, app: Flask | None = None) -> Worker:
-        """A worker for ``app`` (default: the current app), each job in its own app context."""
+    def worker(
+        self,
+        options: WorkerOptions | None = None,
+        app: Flask | None = None,
+        *,
+        loader: RuntimeLoader | None = None,
+    ) -> Worker:
+        """A worker for ``app`` (default: the current app), each job in its own app context.
+
+        :param loader: builds the app in child processes, for ``isolate=True`` tasks and
+            ``WorkerOptions(processes=N)``; pass
+            ``flask_sqlqueue.processes.AppLoader("module:create_app")``. Without one,
+            every job runs on a thread.
+        """
         app = app or current_app._get_current_object()  # type: ignore[attr-defined]
         state = self.state(app)
         state.ensure_schema()
@@ -267,6 +532,7 @@ class SQLQueue:
             self.registry,
             options or WorkerOptions(stale_after=state.settings.stale_after),
             job_context=app.app_context,
+            loader=loader,
         )
 
     def upgrade_database(self, revision: str = "head", app: Flask | None = None) -> None:

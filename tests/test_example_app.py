@@ -348,11 +348,11 @@ def test_demo_runs_bounded_in_its_own_instance_folder(tmp_path: Path) -> None:
     assert (instance / "sqlqueue.db").is_file()
     assert len((instance / "payments.log").read_text().splitlines()) == 2
     with closing(sqlite3.connect(instance / "sqlqueue.db")) as conn:
-        workers = conn.execute("SELECT count(*) FROM sqlqueue_workers").fetchone()[0]
+        workers = conn.execute("SELECT stop_reason FROM sqlqueue_workers").fetchall()
         report = conn.execute(
             "SELECT status, result FROM sqlqueue_jobs WHERE task = ? ORDER BY id LIMIT 1",
             ("example_app.tasks.build_report",),
         ).fetchone()
-    assert workers == 0  # the worker stopped cleanly and removed its row
+    assert workers == [("stopped",)]  # the worker stopped cleanly and said so
     assert report[0] == "completed"
     assert json.loads(report[1])["format"] == "csv"

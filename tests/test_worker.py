@@ -6,6 +6,7 @@ around any test that uses a fixture named ``app``.
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import threading
@@ -435,10 +436,17 @@ def test_effect_keys_are_compared_exactly(ctx: Flask) -> None:
     assert reserved == set(keys)
 
 
-def test_error_text_no_database_could_store_is_recorded_escaped(ctx: Flask) -> None:
+def test_error_text_no_database_could_store_is_recorded_escaped(
+    ctx: Flask, caplog: pytest.LogCaptureFixture
+) -> None:
     odd = sample_app.fails_with_odd_text.enqueue()
     after = sample_app.add.enqueue(1, 2)
-    burst(ctx, concurrency=1)  # one job thread: it must survive the odd failure
+    with caplog.at_level(logging.INFO, logger="flask_sqlqueue"):
+        burst(ctx, concurrency=1)  # one job thread: it must survive the odd failure
+    # Logged escaped too: a UTF-8 log file or terminal could not take a lone surrogate.
+    (dead,) = [r.getMessage() for r in caplog.records if "job is dead" in r.getMessage()]
+    assert dead.endswith("ValueError: nul \\x00 and lone \\ud800 end")
+    assert all(r.getMessage().encode("utf-8") for r in caplog.records)
 
     odd.refresh()
     assert (odd.status, odd.attempts) == (JobStatus.DEAD, 1)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from collections.abc import Iterator
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
+from datetime import timedelta
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -18,12 +21,17 @@ from flask import redirect
 from flask import render_template
 from flask import request
 from flask import url_for
+from markupsafe import Markup
+from markupsafe import escape
 from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
 from ..core import lifecycle
+from ..core import limits
+from ..core import periodic
 from ..core import queries
+from ..core import queues as queues_module
 from ..core.models import JobStatus
 from ..exceptions import SQLQueueError
 from . import csrf
@@ -38,6 +46,51 @@ PER_PAGE = 50
 MAX_PER_PAGE = 200
 #: Ids replayed per statement when replaying a free-text selection of dead jobs.
 CHUNK = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A span the dashboard's charts can show."""
+
+    length: timedelta
+    step: timedelta
+    title: str
+    per: str
+    #: Axis labels at the left edge and the middle.
+    start: str
+    middle: str
+    #: Seconds between auto-refreshes.
+    refresh: int
+
+
+SPANS = {
+    "1h": Span(
+        timedelta(hours=1),
+        timedelta(minutes=1),
+        "last hour",
+        "per minute",
+        "\u221260 min",
+        "\u221230 min",
+        5,
+    ),
+    "24h": Span(
+        timedelta(days=1),
+        timedelta(minutes=10),
+        "last day",
+        "per 10 minutes",
+        "\u221224 h",
+        "\u221212 h",
+        60,
+    ),
+}
+#: The metrics page's windows, with their names.
+WINDOWS: dict[str, tuple[timedelta, str]] = {
+    "1h": (timedelta(hours=1), "last hour"),
+    "24h": (timedelta(days=1), "last 24 hours"),
+    "7d": (timedelta(days=7), "last 7 days"),
+}
+#: Latest completed jobs per task that the duration percentiles and mean wait come from.
+METRICS_SAMPLE = 500
 
 
 class BadRequest(Exception):
@@ -93,6 +146,15 @@ def _int_arg(name: str, low: int, high: int) -> int | None:
     if not raw.isdigit() or not low <= int(raw) <= high:
         raise BadRequest(f"{name} must be a whole number from {low} to {high}, not {raw!r}.")
     return int(raw)
+
+
+def _choice(name: str, choices: dict[str, Any], default: str) -> str:
+    raw = request.args.get(name, "").strip()
+    if not raw:
+        return default
+    if raw not in choices:
+        raise BadRequest(f"{name} must be one of {', '.join(choices)}, not {raw!r}.")
+    return raw
 
 
 def _ids(values: Sequence[str]) -> list[int]:
@@ -155,39 +217,95 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
 
     # -- pages ------------------------------------------------------------------------
 
-    @bp.get("/")
-    def dashboard() -> str:
-        st = state()
-        now = st.store.now()
-        with st.store.read() as conn:
-            by_queue = queries.status(conn, now)
-            workers = queries.live_workers(conn)
-            running = queries.running_jobs(conn)
-            throughput = queries.throughput(conn, now)
-        totals = {s: sum(q.counts.get(s, 0) for q in by_queue) for s in STATUSES}
+    def worker_rows(
+        st: _State, conn: Connection, now: datetime, running: list[Any]
+    ) -> list[dict[str, Any]]:
         running_by_worker: dict[str | None, list[Any]] = {}
         for job in running:
             running_by_worker.setdefault(job.worker_id, []).append(job)
-        worker_rows = [
+        return [
             {
                 "row": w,
                 "queues": w.queues.split(",") if w.queues else [],
-                "silent": (now - w.last_heartbeat_at).total_seconds(),
                 "stale": (now - w.last_heartbeat_at).total_seconds() > st.settings.stale_after,
                 "running": running_by_worker.get(w.id, []),
             }
-            for w in workers
+            for w in queries.live_workers(conn)
         ]
-        known = {w.id for w in workers}
+
+    @bp.get("/")
+    def dashboard() -> str:
+        st = state()
+        span = _choice("span", SPANS, "1h")
+        now = st.store.now()
+        with reading(st) as conn:
+            by_queue = queries.queue_counts(conn, now)
+            running = queries.running_jobs(conn)
+            workers = worker_rows(st, conn, now, running)
+            data = queries.activity(conn, now, span=SPANS[span].length, step=SPANS[span].step)
+            paused = queues_module.paused_queues(conn)
+            buckets = limits.describe(conn, queue.registry, now)
+        schedules = periodic.describe(st.store, queue.registry, now)
+        totals = {s: sum(q.counts.get(s, 0) for q in by_queue) for s in STATUSES}
+        # A total made of a capped count is a lower bound too.
+        capped = {s for q in by_queue for s in q.capped}
+        known = {w["row"].id for w in workers}
         orphans = [j for j in running if j.worker_id not in known]
         return render_template(
             "sqlqueue/dashboard.html",
             now=now,
             by_queue=by_queue,
             totals=totals,
-            workers=worker_rows,
+            capped=capped,
+            caps=queries.COUNT_CAPS,
+            workers=workers,
             orphans=orphans,
-            chart=chart(throughput),
+            span=span,
+            spans=SPANS,
+            chosen=SPANS[span],
+            activity=activity_chart(data),
+            depth=depth_chart(data),
+            stale_after=st.settings.stale_after,
+            paused=paused,
+            # Paused queues without jobs get a row too, so they can be resumed here.
+            queue_names=sorted({q.queue for q in by_queue} | set(paused)),
+            limits=buckets,
+            schedules=schedules,
+        )
+
+    @bp.get("/metrics")
+    def metrics() -> str:
+        st = state()
+        window = _choice("window", WINDOWS, "24h")
+        now = st.store.now()
+        since = now - WINDOWS[window][0]
+        with reading(st) as conn:
+            rows = queries.task_metrics(conn, since, sample=METRICS_SAMPLE)
+        return render_template(
+            "sqlqueue/metrics.html",
+            now=now,
+            since=since,
+            window=window,
+            windows=WINDOWS,
+            rows=rows,
+            sample=METRICS_SAMPLE,
+            seconds=seconds,
+        )
+
+    @bp.get("/workers")
+    def workers_page() -> str:
+        st = state()
+        now = st.store.now()
+        since = now - lifecycle.GONE_WORKERS_KEPT
+        with reading(st) as conn:
+            live = worker_rows(st, conn, now, queries.running_jobs(conn))
+            gone = queries.gone_workers(conn, since)
+        return render_template(
+            "sqlqueue/workers.html",
+            now=now,
+            workers=live,
+            gone=[{"row": w, "queues": w.queues.split(",") if w.queues else []} for w in gone],
+            kept=lifecycle.GONE_WORKERS_KEPT,
             stale_after=st.settings.stale_after,
         )
 
@@ -197,15 +315,33 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
         filters = Filters.parse(request.args)
         before = _int_arg("before", 1, MAX_ID)
         per_page = _int_arg("per_page", 1, MAX_PER_PAGE) or PER_PAGE
-        with st.store.read() as conn:
-            page = queries.search_jobs(conn, filters.query(), before_id=before, limit=per_page + 1)
-            dead = (
-                queries.count_jobs(conn, filters.query(status=JobStatus.DEAD.value))
-                if filters.status in ("", JobStatus.DEAD.value)
-                else 0
+        with reading(st) as conn:
+            queue_names = queries.distinct_values(conn, "queue")
+            tasks = queries.distinct_values(conn, "task")
+            # A queue or task no job has (a typo in the task box) matches nothing; asking
+            # anyway would walk every job, newest first, looking for one.
+            unknown = any(
+                value and value not in known and len(known) < queries.MAX_DISTINCT
+                for value, known in ((filters.queue, queue_names), (filters.task, tasks))
             )
-            queue_names = [q.queue for q in queries.status(conn, st.store.now())]
-            tasks = queries.task_names(conn)
+            page = (
+                []
+                if unknown
+                else queries.search_jobs(
+                    conn, filters.query(), before_id=before, limit=per_page + 1
+                )
+            )
+            # With free text, counting would read every dead job's error a second time;
+            # the confirmation page counts before anything is replayed.
+            dead: int | None = (
+                0
+                if unknown or filters.status not in ("", JobStatus.DEAD.value)
+                else None
+                if filters.q
+                else queries.count_jobs(conn, filters.query(status=JobStatus.DEAD.value))
+            )
+            dead_ids = [j.id for j in page[:per_page] if j.status == JobStatus.DEAD]
+            effects = queries.effects_by_job(conn, dead_ids)
         more = len(page) > per_page
         page = page[:per_page]
         older = (
@@ -225,6 +361,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
             queue_names=queue_names,
             tasks=tasks,
             per_page=per_page,
+            effects=effects,
         )
 
     @bp.get("/jobs/<int:job_id>")
@@ -233,7 +370,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
         found = st.store.get_job(job_id) if job_id <= MAX_ID else None
         if found is None:
             abort(404, f"There is no job {job_id}; it may have been deleted or purged.")
-        with st.store.read() as conn:
+        with reading(st) as conn:
             effects = queries.job_effects(conn, job_id)
         errors = found.errors if isinstance(found.errors, list) else []
         return render_template(
@@ -249,7 +386,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
     def confirm_retry_dead() -> str:
         st = state()
         filters = Filters.parse(request.args)
-        with st.store.read() as conn:
+        with reading(st) as conn:
             count = queries.count_jobs(conn, filters.query(status=JobStatus.DEAD.value))
         back = url_for(".jobs", **{**filters.args(), "status": JobStatus.DEAD.value})
         return render_template("sqlqueue/confirm.html", filters=filters, count=count, back=back)
@@ -262,6 +399,28 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
         st.store.wake()
         return n
 
+    @bp.post("/queues/<name>/pause")
+    def pause_queue(name: str) -> BaseResponse:
+        return set_paused(name, paused=True)
+
+    @bp.post("/queues/<name>/resume")
+    def resume_queue(name: str) -> BaseResponse:
+        return set_paused(name, paused=False)
+
+    def set_paused(name: str, *, paused: bool) -> BaseResponse:
+        st = state()
+        declared = {task.options.queue or "default" for task in queue.registry.values()}
+        try:
+            changed = queues_module.set_paused(st.store, [name], paused=paused, declared=declared)
+        except (ValueError, LookupError) as exc:
+            raise BadRequest(str(exc)) from None
+        if changed:
+            done = "paused: no worker claims its jobs" if paused else "resumed"
+            flash(f"Queue {name} is {done}.", "success")
+        else:
+            flash(f"Queue {name} was {'already paused' if paused else 'not paused'}.", "info")
+        return redirect(url_for(".dashboard"), 303)
+
     @bp.post("/jobs/<int:job_id>/retry")
     def retry(job_id: int) -> BaseResponse:
         now = state().store.now()
@@ -271,9 +430,17 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
 
     @bp.post("/jobs/<int:job_id>/cancel")
     def cancel(job_id: int) -> BaseResponse:
-        now = state().store.now()
-        write(lambda conn: lifecycle.cancel(conn, [job_id], now))
-        flash(f"Job {job_id} is cancelled.", "success")
+        st = state()
+        now = st.store.now()
+        done = st.store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [job_id], now))
+        if done.requested:
+            flash(
+                f"Job {job_id} is asked to stop; it stops when its task checks "
+                "current_job.cancel_requested, or runs to its end if it never does.",
+                "success",
+            )
+        else:
+            flash(f"Job {job_id} is cancelled.", "success")
         return redirect(url_for(".job", job_id=job_id), 303)
 
     @bp.post("/jobs/<int:job_id>/delete")
@@ -294,7 +461,10 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
         now = state().store.now()
         actions: dict[str, tuple[Callable[[Connection], int], str]] = {
             "retry": (lambda conn: lifecycle.replay(conn, ids, now), "retried"),
-            "cancel": (lambda conn: lifecycle.cancel(conn, ids, now), "cancelled"),
+            "cancel": (
+                lambda conn: lifecycle.cancel(conn, ids, now),
+                "cancelled (running ones asked to stop)",
+            ),
             "delete": (lambda conn: lifecycle.delete(conn, ids), "deleted"),
         }
         if action not in actions:
@@ -320,6 +490,15 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
         n = write(replay)
         flash(f"{n} dead job{'s' if n != 1 else ''} replayed with fresh attempts.", "success")
         return redirect(url_for(".jobs", **{**filters.args(), "status": "pending"}), 303)
+
+
+@contextmanager
+def reading(st: _State) -> Iterator[Connection]:
+    """A read transaction for a page: its statements are planned for their parameters
+    (the same statement reads the last hour on one page and the last week on another)."""
+    with st.store.read() as conn:
+        st.store.ops.plan_per_execution(conn)
+        yield conn
 
 
 def _per_page(per_page: int) -> dict[str, Any]:
@@ -357,36 +536,61 @@ def pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=repr)
 
 
+def seconds(value: float | None) -> str:
+    """A duration for the metrics table: ``"850 ms"``, ``"12.4 s"``, ``"3.2 min"``."""
+    if value is None:
+        return "\u2013"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 100:
+        return f"{value:.1f} s"
+    if value < 6000:
+        return f"{value / 60:.1f} min"
+    return f"{value / 3600:.1f} h"
+
+
 @dataclass(frozen=True, slots=True)
 class Bar:
     x: float
     width: float
     completed_y: float
     completed_h: float
-    dead_y: float
-    dead_h: float
+    failed_y: float
+    failed_h: float
     label: str
 
 
-def chart(data: queries.Throughput, width: int = 960, height: int = 120) -> dict[str, Any]:
-    """Stacked per-minute bars for an inline SVG, computed here so the page needs no JS."""
-    totals = [c + d for c, d in zip(data.completed, data.dead, strict=True)]
+def _slots(data: queries.Activity, width: int) -> tuple[float, float]:
+    slot = width / max(len(data.starts), 1)
+    return slot, round(max(slot - 1, 0.5), 2)
+
+
+def _when(data: queries.Activity, i: int) -> str:
+    start = data.starts[i]
+    return f"{start:%H:%M}\u2013{start + data.step:%H:%M} UTC"
+
+
+def activity_chart(data: queries.Activity, width: int = 960, height: int = 120) -> dict[str, Any]:
+    """Stacked bars (completed jobs, failed attempts) for an inline SVG, computed here so
+    the page needs no script."""
+    totals = [c + f for c, f in zip(data.completed, data.failed, strict=True)]
     top = max([*totals, 1])
-    slot = width / max(len(totals), 1)
+    slot, bar_width = _slots(data, width)
     bars = []
-    for i, start in enumerate(data.starts):
+    for i in range(len(data.starts)):
         c_h = height * data.completed[i] / top
-        d_h = height * data.dead[i] / top
+        f_h = height * data.failed[i] / top
         bars.append(
             Bar(
                 x=round(i * slot + 0.5, 2),
-                width=round(max(slot - 1, 1), 2),
+                width=bar_width,
                 completed_y=round(height - c_h, 2),
                 completed_h=round(c_h, 2),
-                dead_y=round(height - c_h - d_h, 2),
-                dead_h=round(d_h, 2),
+                failed_y=round(height - c_h - f_h, 2),
+                failed_h=round(f_h, 2),
                 label=(
-                    f"{start:%H:%M} UTC: {data.completed[i]} completed, {data.dead[i]} went dead"
+                    f"{_when(data, i)}: {data.completed[i]} completed, "
+                    f"{data.failed[i]} failed attempt{'s' if data.failed[i] != 1 else ''}"
                 ),
             )
         )
@@ -394,8 +598,69 @@ def chart(data: queries.Throughput, width: int = 960, height: int = 120) -> dict
         "width": width,
         "height": height,
         "bars": bars,
+        "svg": _bars_svg(bars, height),
         "top": top,
         "completed": sum(data.completed),
-        "dead": sum(data.dead),
+        "failed": sum(data.failed),
+        "partial": data.failed_partial,
         "first": data.starts[0] if data.starts else None,
     }
+
+
+def depth_chart(data: queries.Activity, width: int = 960, height: int = 80) -> dict[str, Any]:
+    """The waiting jobs at each bucket's end as an area under a line, for an inline SVG."""
+    top = max([*data.waiting, 1])
+    slot, bar_width = _slots(data, width)
+    points = [
+        (round((i + 1) * slot, 2), round(height - height * n / top, 2))
+        for i, n in enumerate(data.waiting)
+    ]
+    if points:
+        points.insert(0, (0.0, points[0][1]))
+    line = " ".join(f"{x},{y}" for x, y in points)
+    slots = [
+        {
+            "x": round(i * slot + 0.5, 2),
+            "width": bar_width,
+            "label": f"{_when(data, i)}: {n} waiting at the end",
+        }
+        for i, n in enumerate(data.waiting)
+    ]
+    return {
+        "width": width,
+        "height": height,
+        "top": top,
+        "line": line,
+        "area": f"0,{height} {line} {width},{height}" if points else "",
+        "now": data.waiting[-1] if data.waiting else 0,
+        "peak": max(data.waiting, default=0),
+        "slots": slots,
+        "svg": Markup(
+            "".join(
+                f'<g><title>{escape(s["label"])}</title><rect class="slot" x="{s["x"]}" y="0"'
+                f' width="{s["width"]}" height="{height}"></rect></g>'
+                for s in slots
+            )
+        ),
+    }
+
+
+# The charts' elements are joined here rather than looped over in the template: a
+# day's chart has ~300 of them, and escaping each number in the template cost as much
+# as the page's queries. Only the labels are text; everything else is a number.
+def _bars_svg(bars: list[Bar], height: int) -> Markup:
+    parts = []
+    for bar in bars:
+        rects = "".join(
+            f'<rect class="{kind}" x="{bar.x}" y="{y}" width="{bar.width}" height="{h}"></rect>'
+            for kind, y, h in (
+                ("completed", bar.completed_y, bar.completed_h),
+                ("failed", bar.failed_y, bar.failed_h),
+            )
+            if h
+        )
+        parts.append(
+            f'<g><title>{escape(bar.label)}</title><rect class="slot" x="{bar.x}" y="0"'
+            f' width="{bar.width}" height="{height}"></rect>{rects}</g>'
+        )
+    return Markup("".join(parts))

@@ -2,17 +2,52 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
+import time
 from contextvars import ContextVar
 from dataclasses import dataclass
+from dataclasses import field
 from typing import TYPE_CHECKING
 
+import sqlalchemy as sa
+
 from ..exceptions import ClaimLost
+from ..exceptions import JobCancelled
 from ..exceptions import NoJobContext
+from . import lifecycle
 from .enqueue import check_key
 from .lifecycle import holds_claim
 
 if TYPE_CHECKING:
     from .store import Store
+
+
+log = logging.getLogger("flask_sqlqueue.worker")
+
+#: Seconds between two reads of a job's cancel request, however often a task asks.
+CANCEL_CHECK_INTERVAL = 1.0
+#: Seconds between two progress writes of one job; values set in between are coalesced
+#: and the latest is written when the interval ends (or when the task returns).
+PROGRESS_INTERVAL = 1.0
+#: Longest progress message kept; a longer one is cut, never refused.
+MAX_PROGRESS_MESSAGE = 1000
+
+
+@dataclass(slots=True, eq=False)
+class _Live:
+    """The mutable part of a running job's context: cancel and progress throttles."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Serialises progress writes, so the value taken last is also written last.
+    write_lock: threading.Lock = field(default_factory=threading.Lock)
+    cancel_seen: bool = False
+    cancel_checked_at: float = -math.inf
+    progress_written_at: float = -math.inf
+    progress_pending: tuple[float, str | None] | None = None
+    progress_timer: threading.Timer | None = None
+    closed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +63,7 @@ class JobContext:
     worker_id: str
     claim_token: str
     store: Store
+    _live: _Live = field(default_factory=_Live, repr=False, compare=False)
 
     def reserve_effect(self, key: str | None = None) -> bool:
         """Record ``key`` as done by this job; ``True`` only for the first caller ever.
@@ -55,6 +91,131 @@ class JobContext:
             return store.ops.insert_effect(conn, key, self.id, store.now())  # type: ignore[arg-type]
 
         return bool(store.run_write(reserve))
+
+    # -- cancellation -----------------------------------------------------------------------
+
+    @property
+    def cancel_requested(self) -> bool:
+        """``True`` once someone asked for this job to be cancelled (``flask queue cancel``,
+        the admin). Cheap to check in a loop: the row is read at most once a second.
+
+        Stop early when it is ``True`` (return, or raise :class:`JobCancelled` to have
+        the job recorded as ``cancelled``); a task that never checks runs to its end.
+        """
+        live = self._live
+        with live.lock:
+            if live.cancel_seen:
+                return True
+            now = time.monotonic()
+            if now - live.cancel_checked_at < CANCEL_CHECK_INTERVAL:
+                return False
+            live.cancel_checked_at = now
+        try:
+            with self.store.read() as conn:
+                asked = bool(lifecycle.cancel_requests(conn, [self.id]))
+        except sa.exc.SQLAlchemyError as exc:
+            log.warning("job=%s: could not read its cancel request: %s", self.id, exc)
+            return False
+        if asked:
+            self.note_cancel_requested()
+        return asked
+
+    def note_cancel_requested(self) -> None:
+        """Record that a cancel request exists (for a worker that learnt it otherwise)."""
+        with self._live.lock:
+            self._live.cancel_seen = True
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`JobCancelled` if this job's cancellation was asked for.
+
+        The worker then records the job as ``cancelled`` (not a failed attempt).
+        """
+        if self.cancel_requested:
+            raise JobCancelled(self.id)
+
+    # -- progress ---------------------------------------------------------------------------
+
+    def set_progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the task got, shown in ``flask queue show`` and the admin.
+
+        Call it as often as you like: at most one write a second reaches the database,
+        and the latest value is always written (at the end of the second, or when the
+        task returns).
+
+        :param fraction: from ``0`` to ``1`` (``0.25`` is a quarter done).
+        :param message: a short note such as ``"page 3 of 12"``; cut at 1000 characters.
+        :raises ValueError: ``fraction`` is not a number from 0 to 1.
+        :raises TypeError: ``fraction`` is not a number or ``message`` not a string.
+        :raises ClaimLost: the job was taken from this attempt (for example rescued).
+        """
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise TypeError(f"progress must be a number from 0 to 1, got {fraction!r}.")
+        if not 0.0 <= fraction <= 1.0:  # NaN fails this too
+            raise ValueError(f"progress must be a fraction from 0 to 1, got {fraction!r}.")
+        if message is not None and not isinstance(message, str):
+            raise TypeError(f"progress message must be a string or None, got {message!r}.")
+        if message is not None:
+            message = lifecycle.storable_text(message[:MAX_PROGRESS_MESSAGE])
+        live = self._live
+        with live.lock:
+            if live.closed:
+                return
+            live.progress_pending = (float(fraction), message)
+            wait = live.progress_written_at + PROGRESS_INTERVAL - time.monotonic()
+            if wait > 0:
+                if live.progress_timer is None:
+                    timer = threading.Timer(wait, self._flush_in_background)
+                    timer.name = f"sqlqueue-progress-{self.id}"
+                    timer.daemon = True
+                    live.progress_timer = timer
+                    timer.start()
+                return
+        self._write_progress()
+
+    def _write_progress(self) -> None:
+        """Write the pending progress value, if any. Raises ClaimLost or database errors."""
+        live = self._live
+        with live.write_lock:
+            with live.lock:
+                pending, live.progress_pending = live.progress_pending, None
+                if pending is None:
+                    return
+                live.progress_written_at = time.monotonic()
+            fraction, message = pending
+            done = self.store.run_write(
+                lambda conn: lifecycle.set_progress(
+                    conn, self.id, self.claim_token, fraction, message
+                ),
+                within=2.0,
+            )
+        if not done:
+            raise ClaimLost(self.id)
+
+    def _flush_in_background(self) -> None:
+        with self._live.lock:
+            self._live.progress_timer = None
+        try:
+            self._write_progress()
+        except ClaimLost:
+            pass  # the worker reports the lost claim when the task ends
+        except Exception as exc:
+            log.warning("job=%s: progress not recorded: %s", self.id, exc)
+
+    def close(self) -> None:
+        """Called by the worker when the task has returned: write the latest progress
+        value now (a task's last report must not be lost to the throttle)."""
+        live = self._live
+        with live.lock:
+            live.closed = True
+            timer, live.progress_timer = live.progress_timer, None
+        if timer is not None:
+            timer.cancel()
+        try:
+            self._write_progress()
+        except ClaimLost:
+            pass
+        except Exception as exc:
+            log.warning("job=%s: last progress not recorded: %s", self.id, exc)
 
 
 _current: ContextVar[JobContext | None] = ContextVar("sqlqueue_current_job", default=None)
@@ -100,6 +261,17 @@ class _CurrentJob:
     def reserve_effect(self, key: str | None = None) -> bool:
         return get_current().reserve_effect(key)
 
+    @property
+    def cancel_requested(self) -> bool:
+        """``True`` once this job's cancellation was asked for (read at most once a second)."""
+        return get_current().cancel_requested
+
+    def raise_if_cancelled(self) -> None:
+        get_current().raise_if_cancelled()
+
+    def set_progress(self, fraction: float, message: str | None = None) -> None:
+        get_current().set_progress(fraction, message)
+
     def __bool__(self) -> bool:
         return _current.get() is not None
 
@@ -109,4 +281,5 @@ class _CurrentJob:
 
 
 current_job = _CurrentJob()
-current_job.reserve_effect.__func__.__doc__ = JobContext.reserve_effect.__doc__  # type: ignore[attr-defined]
+for _name in ("reserve_effect", "raise_if_cancelled", "set_progress"):
+    getattr(_CurrentJob, _name).__doc__ = getattr(JobContext, _name).__doc__

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
+from dataclasses import field
 from datetime import datetime
 from datetime import timedelta
 from typing import Any
@@ -13,7 +18,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
+from ..exceptions import PayloadError
 from .models import JobStatus
+from .payload import encode_payload
 
 _QUEUE_NAME = re.compile(r"[\w.:-]{1,100}")
 _INT32 = 2**31
@@ -30,6 +37,8 @@ class EnqueueOptions:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     session: Session | scoped_session[Any] | Connection | None = None
+    #: The key a task's ``concurrency_key`` gave for this call's arguments (limits.py).
+    concurrency_key: str | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -143,4 +152,70 @@ def job_values(
         "created_at": now,
         "updated_at": now,
         "idempotency_key": options.idempotency_key,
+        "concurrency_key": options.concurrency_key,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One job for :meth:`Task.enqueue_many`: its arguments, and its own idempotency key.
+
+    ``send.enqueue_many([Call(["a@example.com", 1]), Call(kwargs={"email": "b@example.com",
+    "report_id": 2}, idempotency_key="report-2")])``. A plain ``(args, kwargs)`` tuple
+    works too where no key is needed.
+    """
+
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: At most one job per key, as ``.using(idempotency_key=...)`` gives one call.
+    idempotency_key: str | None = None
+
+
+#: What ``enqueue_many`` takes for each job.
+CallLike = Call | tuple[Sequence[Any], Mapping[str, Any]]
+
+#: ``(args, kwargs) -> concurrency key``: a task's limit key for one call's arguments.
+LimitKey = Callable[[tuple[Any, ...], dict[str, Any]], "str | None"]
+
+
+def encode_calls(
+    calls: Iterable[CallLike], limit_key: LimitKey | None = None
+) -> list[tuple[str, str | None, str | None]]:
+    """Check and encode every call before anything is written: ``(payload, idempotency
+    key, concurrency key)`` each. The first bad call raises, naming its index."""
+    if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
+        raise TypeError(
+            f"enqueue_many takes a list of calls, each Call(args, kwargs) or an "
+            f"(args, kwargs) tuple; got {calls!r}."
+        )
+    encoded = []
+    for index, item in enumerate(calls):
+        where = f"calls[{index}]"
+        if isinstance(item, Call):
+            args, kwargs, key = item.args, item.kwargs, item.idempotency_key
+        elif isinstance(item, tuple) and len(item) == 2:
+            (args, kwargs), key = item, None
+        else:
+            raise TypeError(
+                f"{where} = {item!r} is not a call: pass Call(args, kwargs) or an "
+                "(args, kwargs) tuple."
+            )
+        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+            raise TypeError(f"{where}: args must be a list of arguments, got {args!r}.")
+        if not isinstance(kwargs, Mapping):
+            raise TypeError(f"{where}: kwargs must be a dict of keyword arguments, got {kwargs!r}.")
+        if key is not None:
+            try:
+                check_key(key, "idempotency_key")
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+        try:
+            payload = encode_payload(args, kwargs)
+        except PayloadError as exc:
+            # The same error (a TypeError or ValueError), saying which call it is.
+            exc.path = f"{where}.{exc.path}"
+            exc.args = (f"{where}: {exc.args[0]}",)
+            raise
+        limit = None if limit_key is None else limit_key(tuple(args), dict(kwargs))
+        encoded.append((payload, key, limit))
+    return encoded

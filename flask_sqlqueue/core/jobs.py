@@ -42,6 +42,11 @@ class Job:
     errors: list[dict[str, Any]] = field(default_factory=list)
     rescues: int = 0
     releases: int = 0
+    #: When cancellation of the running job was asked for (it stops if its task checks).
+    cancel_requested_at: datetime | None = None
+    #: The task's own report: a fraction from 0 to 1, and a short message.
+    progress: float | None = None
+    progress_message: str | None = None
     #: Why ``args``/``kwargs`` are empty, when the stored payload could not be decoded.
     payload_error: str | None = None
     _loader: Callable[[int], Job | None] | None = field(default=None, repr=False)
@@ -79,6 +84,10 @@ class Job:
             errors=_decode_or_text(row.errors) or [],
             rescues=row.rescues,
             releases=row.releases,
+            # A just-inserted job (not read back) has none of these yet.
+            cancel_requested_at=getattr(row, "cancel_requested_at", None),
+            progress=getattr(row, "progress", None),
+            progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
             _loader=loader,
         )

@@ -85,6 +85,66 @@ def complete(conn: Connection, job_id: int, token: str, result: str | None, now:
     return done.rowcount == 1
 
 
+# Bound per row: the executemany form of complete(), for results that differ per job.
+_COMPLETE_EACH = (
+    sa.update(jobs)
+    .where(
+        jobs.c.id == sa.bindparam("b_id"),
+        jobs.c.status == RUNNING,
+        jobs.c.claim_token == sa.bindparam("b_token"),
+    )
+    .values(
+        status=COMPLETED,
+        result=sa.bindparam("b_result", type_=jobs.c.result.type),
+        finished_at=sa.bindparam("b_now", type_=jobs.c.finished_at.type),
+        updated_at=sa.bindparam("b_now", type_=jobs.c.updated_at.type),
+        claim_token=None,
+    )
+)
+
+
+def complete_many(
+    conn: Connection, done: Sequence[tuple[int, str, str | None]], now: datetime
+) -> set[int]:
+    """Finish several running attempts successfully in one transaction (a group commit).
+
+    ``done`` holds ``(job id, claim token, result)``; each job is fenced by its own claim
+    exactly as :func:`complete` fences one. Returns the ids that were completed; any
+    other lost its claim and nothing was written for it.
+    """
+    if len(done) == 1:
+        job_id, token, result = done[0]
+        return {job_id} if complete(conn, job_id, token, result, now) else set()
+    # Lock the rows in id order (FOR UPDATE is a no-op on SQLite, whose write lock is
+    # already held), so nothing can take a claim between this check and the update.
+    held = dict(
+        conn.execute(
+            sa.select(jobs.c.id, jobs.c.claim_token)
+            .where(jobs.c.id.in_(sorted(job_id for job_id, _, _ in done)), jobs.c.status == RUNNING)
+            .order_by(jobs.c.id)
+            .with_for_update()
+        ).all()
+    )
+    mine = [item for item in done if item[1] is not None and held.get(item[0]) == item[1]]
+    plain = [job_id for job_id, _, result in mine if result is None]
+    if plain:  # most tasks return nothing: one set-based statement for all of them
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id.in_(plain), jobs.c.status == RUNNING)
+            .values(
+                status=COMPLETED, result=None, finished_at=now, updated_at=now, claim_token=None
+            )
+        )
+    valued = [
+        {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
+        for job_id, token, result in mine
+        if result is not None
+    ]
+    if valued:
+        conn.execute(_COMPLETE_EACH, valued)
+    return {job_id for job_id, _, _ in mine}
+
+
 def fail(
     conn: Connection,
     job_id: int,
@@ -92,14 +152,17 @@ def fail(
     record: dict[str, Any],
     retry_at: datetime | None,
     now: datetime,
-) -> bool:
-    """Record a failed attempt: back to pending at ``retry_at``, or dead when it is ``None``.
+) -> str | None:
+    """Record a failed attempt: back to pending at ``retry_at``, or dead when it is ``None``
+    (``cancelled`` instead of a retry if its cancellation was asked for).
 
-    ``False`` if the claim was lost (nothing is written then).
+    Returns the job's new status; ``None`` if the claim was lost (nothing is written then).
     """
-    history = conn.execute(sa.select(jobs.c.errors).where(_claimed(job_id, token))).first()
+    history = conn.execute(
+        sa.select(jobs.c.errors, jobs.c.cancel_requested_at).where(_claimed(job_id, token))
+    ).first()
     if history is None:
-        return False
+        return None
     values: dict[str, Any] = {
         "last_error": _summary(record),
         "errors": _append(history.errors, record),
@@ -108,18 +171,25 @@ def fail(
     }
     if retry_at is None:
         values.update(status=DEAD, finished_at=now)
+    elif history.cancel_requested_at is not None:
+        # Its cancellation was asked for: the failed attempt ends it instead of a retry.
+        values.update(status=CANCELLED, finished_at=now)
     else:
         values.update(status=PENDING, run_at=retry_at)
-    return conn.execute(sa.update(jobs).where(_claimed(job_id, token)).values(values)).rowcount == 1
+    done = conn.execute(sa.update(jobs).where(_claimed(job_id, token)).values(values))
+    return str(values["status"]) if done.rowcount == 1 else None
 
 
 def release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
-    """Hand an unfinished attempt back to pending without counting it (graceful stop)."""
+    """Hand an unfinished attempt back to pending without counting it (graceful stop);
+    a job whose cancellation was asked for ends ``cancelled`` instead."""
+    asked = jobs.c.cancel_requested_at.is_not(None)
     done = conn.execute(
         sa.update(jobs)
         .where(_claimed(job_id, token))
         .values(
-            status=PENDING,
+            status=sa.case((asked, CANCELLED), else_=PENDING),
+            finished_at=sa.case((asked, now), else_=None),
             attempts=jobs.c.attempts - 1,
             releases=jobs.c.releases + 1,
             # run_at is kept: the job was due already and keeps its place in line.
@@ -163,8 +233,9 @@ def _lock_rows(conn: Connection, ids: Sequence[int]) -> dict[int, str]:
 
 def _check_all(
     conn: Connection, ids: Sequence[int], allowed: Iterable[str], verb: str, done: str
-) -> None:
-    """Refuse the whole batch, before writing anything, if any id is missing or not allowed."""
+) -> dict[int, str]:
+    """Refuse the whole batch, before writing anything, if any id is missing or not allowed.
+    Returns each id's status, read under a row lock."""
     found = _lock_rows(conn, ids)
     missing = [i for i in ids if i not in found]
     if missing:
@@ -173,6 +244,7 @@ def _check_all(
     wrong = [f"{i} is {found[i]}" for i in ids if found[i] not in allowed]
     if wrong:
         raise InvalidTransition(f"Cannot {verb} job {'; '.join(wrong)}; nothing {done}.")
+    return found
 
 
 def replay(conn: Connection, ids: Sequence[int], now: datetime) -> int:
@@ -207,19 +279,108 @@ def _replay_where(conn: Connection, where: Any, now: datetime) -> int:
             worker_id=None,
             claim_token=None,
             last_error=None,
+            cancel_requested_at=None,
+            progress=None,
+            progress_message=None,
         )
     ).rowcount
 
 
-def cancel(conn: Connection, ids: Sequence[int], now: datetime) -> int:
-    """Cancel pending jobs. Running jobs are refused: they cannot be stopped from here."""
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    """What :func:`cancel_jobs` did: pending jobs cancelled, running jobs asked to stop."""
+
+    cancelled: list[int]
+    requested: list[int]
+
+    def describe(self) -> str:
+        """One line for the CLI and the admin's flash message."""
+        parts = []
+        if self.cancelled or not self.requested:
+            parts.append(f"Cancelled {len(self.cancelled)} job(s).")
+        if self.requested:
+            parts.append(
+                f"Asked {len(self.requested)} running job(s) to stop "
+                f"({', '.join(map(str, self.requested))}); each stops when its task checks "
+                "current_job.cancel_requested."
+            )
+        return " ".join(parts)
+
+
+def cancel_jobs(conn: Connection, ids: Sequence[int], now: datetime) -> Cancellation:
+    """Cancel pending jobs at once, and ask running ones to stop (``cancel_requested_at``).
+
+    A running job stops only if its task checks ``current_job.cancel_requested`` (or
+    calls ``raise_if_cancelled()``); once the request is recorded, a failed attempt is
+    not retried and a job handed back at shutdown or rescued ends ``cancelled``.
+    All or nothing: a missing or finished id refuses the whole batch.
+    """
     ids = sorted(set(ids))
-    _check_all(conn, ids, (PENDING,), "cancel", "cancelled")
-    return conn.execute(
+    found = _check_all(conn, ids, (PENDING, RUNNING), "cancel", "cancelled")
+    pending = [i for i in ids if found[i] == PENDING]
+    running = [i for i in ids if found[i] == RUNNING]
+    if pending:
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id.in_(pending), jobs.c.status == PENDING)
+            .values(status=CANCELLED, finished_at=now, updated_at=now)
+        )
+    if running:
+        conn.execute(
+            sa.update(jobs)
+            .where(
+                jobs.c.id.in_(running),
+                jobs.c.status == RUNNING,
+                jobs.c.cancel_requested_at.is_(None),
+            )
+            .values(cancel_requested_at=now, updated_at=now)
+        )
+    return Cancellation(pending, running)
+
+
+def cancel(conn: Connection, ids: Sequence[int], now: datetime) -> int:
+    """:func:`cancel_jobs`, returning how many jobs it cancelled or asked to stop."""
+    done = cancel_jobs(conn, ids, now)
+    return len(done.cancelled) + len(done.requested)
+
+
+def cancel_requests(conn: Connection, ids: Sequence[int]) -> set[int]:
+    """Which of these jobs are running with a cancellation asked for (for a worker to
+    stop them: cooperatively through ``current_job``, or forcibly in process mode)."""
+    if not ids:
+        return set()
+    return set(
+        conn.execute(
+            sa.select(jobs.c.id).where(
+                jobs.c.id.in_(sorted(set(ids))),
+                jobs.c.status == RUNNING,
+                jobs.c.cancel_requested_at.is_not(None),
+            )
+        ).scalars()
+    )
+
+
+def finish_cancelled(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
+    """End a running attempt whose task stopped for a cancellation: ``cancelled``, not a
+    failed attempt. ``False`` if the claim was lost."""
+    done = conn.execute(
         sa.update(jobs)
-        .where(jobs.c.id.in_(ids), jobs.c.status == PENDING)
-        .values(status=CANCELLED, finished_at=now, updated_at=now)
-    ).rowcount
+        .where(_claimed(job_id, token))
+        .values(status=CANCELLED, finished_at=now, updated_at=now, claim_token=None)
+    )
+    return done.rowcount == 1
+
+
+def set_progress(
+    conn: Connection, job_id: int, token: str, fraction: float, message: str | None
+) -> bool:
+    """Record a running attempt's progress. ``False`` if the claim was lost."""
+    done = conn.execute(
+        sa.update(jobs)
+        .where(_claimed(job_id, token))
+        .values(progress=fraction, progress_message=message)
+    )
+    return done.rowcount == 1
 
 
 FINISHED = (COMPLETED, DEAD, CANCELLED)
@@ -310,6 +471,7 @@ def rescue_stale(
             jobs.c.worker_id,
             jobs.c.claim_token,
             jobs.c.errors,
+            jobs.c.cancel_requested_at,
         ).where(
             jobs.c.status == RUNNING,
             # A missing worker row counts as dead; the start guard covers a worker that
@@ -325,6 +487,8 @@ def rescue_stale(
             row.attempts, "WorkerLost", f"worker lost: {worker}", "", row.worker_id, now
         )
         status = DEAD if row.attempts >= row.max_attempts else PENDING
+        if status == PENDING and row.cancel_requested_at is not None:
+            status = CANCELLED  # its cancellation was asked for: do not run it again
         done = conn.execute(
             sa.update(jobs)
             .where(jobs.c.id == row.id, jobs.c.status == RUNNING)
@@ -338,7 +502,7 @@ def rescue_stale(
                 rescues=jobs.c.rescues + 1,
                 # run_at is kept: a rescued job goes ahead of jobs that became due after it.
                 updated_at=now,
-                finished_at=now if status == DEAD else None,
+                finished_at=None if status == PENDING else now,
                 claim_token=None,
                 last_error=_summary(record),
                 errors=_append(row.errors, record),

@@ -195,7 +195,8 @@ class JobEffectRow(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     key: Mapped[str] = mapped_column(ExactString(255), unique=True)
     job_id: Mapped[int | None] = mapped_column(sa.BigInteger, index=True)
-    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    #: Indexed for pruning old keys (SQLQUEUE_KEEP_EFFECTS).
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)
 
     __table_args__ = MYSQL_TABLE
 

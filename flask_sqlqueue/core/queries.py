@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import json
+import functools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from . import dialects  # the module: dialects.base imports queues, which imports us
 from .jobs import Job
 from .models import JobStatus
 from .models import effects
@@ -119,6 +121,15 @@ def gone_workers(conn: Connection, since: datetime) -> list[Any]:
 # -- the admin dashboard ------------------------------------------------------------------
 
 
+#: Statuses whose jobs' error text ``?q=`` searches: the dead, and those waiting for
+#: (or running) a retry. Finished jobs pile up by the million; these stay few.
+ERROR_STATUSES = (JobStatus.DEAD.value, JobStatus.PENDING.value, JobStatus.RUNNING.value)
+#: Above every code point: ``key >= q AND key < q + TOP`` is the range of keys starting
+#: with ``q`` in code point order (SQLite's BINARY, PostgreSQL's "C" and ICU collations,
+#: MariaDB's binary one), so the unique index on the key answers a prefix search.
+_TOP = "\U0010ffff"
+
+
 @dataclass(frozen=True, slots=True)
 class JobFilter:
     """What the admin's job list is narrowed to; ``None`` or empty means "any"."""
@@ -126,11 +137,13 @@ class JobFilter:
     status: str | None = None
     queue: str | None = None
     task: str | None = None
-    #: Matches a job id exactly, or a substring of its idempotency key or last error
-    #: (ignoring case).
+    #: Matches a job by id (all digits), by idempotency key (exactly, or keys starting
+    #: with it, case-sensitive), or by a substring of its last error ignoring case,
+    #: among jobs in :data:`ERROR_STATUSES`. Each through an index.
     text: str | None = None
 
-    def where(self) -> Any:
+    def plain(self) -> list[Any]:
+        """The status, queue and task conditions."""
         clauses: list[Any] = []
         if self.status:
             clauses.append(jobs.c.status == self.status)
@@ -138,16 +151,41 @@ class JobFilter:
             clauses.append(jobs.c.queue == self.queue)
         if self.task:
             clauses.append(jobs.c.task == self.task)
-        if self.text:
-            needle = self.text.lower()
-            found = [
-                sa.func.lower(jobs.c.idempotency_key).contains(needle, autoescape=True),
-                sa.func.lower(jobs.c.last_error).contains(needle, autoescape=True),
-            ]
-            if self.text.isdigit() and int(self.text) < 2**63:
-                found.append(jobs.c.id == int(self.text))
-            clauses.append(sa.or_(*found))
-        return sa.and_(sa.true(), *clauses)
+        return clauses
+
+    def arms(self) -> list[Any]:
+        """The free-text search as alternatives that each read through an index (the
+        primary key, the key's unique index, the status index); empty without text."""
+        error = self.error_arm()
+        return [*self.lookup_arms(), *([] if error is None else [error])]
+
+    def lookup_arms(self) -> list[Any]:
+        """The id and idempotency-key alternatives: a few rows each, by index."""
+        if not self.text:
+            return []
+        text = self.text
+        found: list[Any] = []
+        if text.isdigit() and int(text) < 2**63:
+            found.append(jobs.c.id == int(text))
+        key = jobs.c.idempotency_key
+        # The range uses the index; LIKE drops whatever else a collation puts in it.
+        found.append(sa.and_(key >= text, key < text + _TOP, key.startswith(text, autoescape=True)))
+        return found
+
+    def error_arm(self) -> Any | None:
+        """The error-text alternative, bounded by the status index to
+        :data:`ERROR_STATUSES`; ``None`` without text or with another status."""
+        statuses = [s for s in ERROR_STATUSES if not self.status or s == self.status]
+        if not self.text or not statuses:
+            return None
+        return sa.and_(
+            jobs.c.status.in_(statuses),
+            sa.func.lower(jobs.c.last_error).contains(self.text.lower(), autoescape=True),
+        )
+
+    def where(self) -> Any:
+        arms = self.arms()
+        return sa.and_(sa.true(), *self.plain(), *([sa.or_(*arms)] if arms else []))
 
 
 def search_jobs(
@@ -157,16 +195,55 @@ def search_jobs(
     loader: Callable[[int], Job | None] | None = None,
     before_id: int | None = None,
     limit: int = 50,
+    window: int | None = None,
 ) -> list[Job]:
-    """Jobs matching ``where``, newest first; pass the last id seen as ``before_id``."""
-    query = sa.select(jobs).where(where.where())
-    if before_id is not None:
-        query = query.where(jobs.c.id < before_id)
-    rows = conn.execute(query.order_by(jobs.c.id.desc()).limit(limit)).all()
+    """Jobs matching ``where``, newest first; pass the last id seen as ``before_id``.
+    ``window``: jobs walked newest first before the filter's index is used (default
+    :data:`SCAN_WINDOW`)."""
+    window = SCAN_WINDOW if window is None else window
+
+    def page(*clauses: Any, order: Any = jobs.c.id, n: int = limit) -> list[Any]:
+        query = sa.select(jobs).where(*where.plain(), *clauses)
+        if before_id is not None:
+            query = query.where(jobs.c.id < before_id)
+        return list(conn.execute(query.order_by(order.desc()).limit(n)).all())
+
+    if not where.text and not where.plain():
+        rows = page()
+    elif not where.text:
+        # Newest first along the primary key finds a common status, queue or task at
+        # once, but walks every job for one that is rare (SQLite keeps no per-value
+        # statistics to tell them apart). So walk only the newest ``window`` jobs that
+        # way, and find the rest, if any, through the filter's index, sorting them.
+        top = before_id if before_id is not None else _newest_id(conn) + 1
+        rows = page(jobs.c.id >= top - window)
+        if len(rows) < limit:
+            older = jobs.c.id < top - window
+            rows += page(older, order=jobs.c.id + 0, n=limit - len(rows))
+    else:
+        # One statement per alternative, merged here: for an OR of them ordered by id,
+        # planners may walk the primary key backwards through every job for a rare match.
+        found = {row.id: row for arm in where.lookup_arms() for row in page(arm)}
+        error = where.error_arm()
+        if error is not None:
+            # Sorted by id + 0, which no index provides, for the same reason: without
+            # per-value statistics SQLite guesses that a status holds a fifth of the
+            # table, and would rather walk the primary key than sort.
+            found.update((row.id, row) for row in page(error, order=jobs.c.id + 0))
+        rows = [found[i] for i in sorted(found, reverse=True)[:limit]]
     return [Job.from_row(row, loader) for row in rows]
 
 
+#: Jobs the filtered list walks newest first before it turns to the filter's index.
+SCAN_WINDOW = 20_000
+
+
+def _newest_id(conn: Connection) -> int:
+    return int(conn.execute(sa.select(sa.func.max(jobs.c.id))).scalar() or 0)
+
+
 def count_jobs(conn: Connection, where: JobFilter) -> int:
+    """How many jobs match ``where`` (exact: give a status, or it may read them all)."""
     return int(conn.execute(sa.select(sa.func.count()).where(where.where())).scalar_one())
 
 
@@ -177,58 +254,19 @@ def job_ids(conn: Connection, where: JobFilter) -> list[int]:
     )
 
 
-def task_names(conn: Connection) -> list[str]:
-    """Every task name that has a job, for filter menus."""
-    return list(conn.execute(sa.select(jobs.c.task).distinct().order_by(jobs.c.task)).scalars())
-
-
 def running_jobs(conn: Connection, limit: int = 500) -> list[Any]:
     """Running jobs (id, task, queue, worker_id, started_at), longest running first."""
-    return list(
+    # Sorted here, not in SQL: with ORDER BY started_at, planners walk the whole
+    # started_at index (every job ever started) rather than sort the few running ones.
+    rows = list(
         conn.execute(
             sa.select(jobs.c.id, jobs.c.task, jobs.c.queue, jobs.c.worker_id, jobs.c.started_at)
             .where(jobs.c.status == JobStatus.RUNNING.value)
-            .order_by(jobs.c.started_at, jobs.c.id)
-            .limit(limit)
+            .limit(max(limit, 10_000))
         ).all()
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Throughput:
-    """Jobs finished per minute: ``starts[i]`` begins the minute of ``completed[i]``."""
-
-    starts: list[datetime]
-    completed: list[int]
-    dead: list[int]
-
-
-def throughput(conn: Connection, now: datetime, minutes: int = 60) -> Throughput:
-    """Jobs that completed, and jobs that went dead, in each of the last ``minutes``
-    minutes (the current one last). One scan, bucketed with portable CASE sums."""
-    first = now.replace(second=0, microsecond=0) - timedelta(minutes=minutes - 1)
-    edges = [first + timedelta(minutes=i) for i in range(minutes + 1)]
-    buckets = [
-        sa.func.sum(
-            sa.case(
-                (sa.and_(jobs.c.finished_at >= edges[i], jobs.c.finished_at < edges[i + 1]), 1),
-                else_=0,
-            )
-        )
-        for i in range(minutes)
-    ]
-    counts = {
-        JobStatus.COMPLETED.value: [0] * minutes,
-        JobStatus.DEAD.value: [0] * minutes,
-    }
-    rows = conn.execute(
-        sa.select(jobs.c.status, *buckets)
-        .where(jobs.c.status.in_(list(counts)), jobs.c.finished_at >= first)
-        .group_by(jobs.c.status)
-    ).all()
-    for row in rows:
-        counts[row[0]] = [int(n or 0) for n in row[1:]]
-    return Throughput(edges[:-1], counts[JobStatus.COMPLETED.value], counts[JobStatus.DEAD.value])
+    rows.sort(key=lambda row: (row.started_at is None, row.started_at or 0, row.id))
+    return rows[:limit]
 
 
 # -- the admin's charts and per-task metrics ----------------------------------------------
@@ -301,17 +339,44 @@ def _floor(moment: datetime, step: timedelta) -> datetime:
     return datetime.fromtimestamp(moment.timestamp() // seconds * seconds, moment.tzinfo)
 
 
-def _range_counts(conn: Connection, column: Any, edges: list[datetime], *where: Any) -> list[int]:
-    # One statement of scalar subqueries, each an index range count: portable, and the
-    # work follows the rows in the span, not a CASE per row per bucket.
+#: What each per-bucket series counts: the timestamp column and extra conditions.
+_SERIES: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    "completed": (jobs.c.finished_at, (jobs.c.status == JobStatus.COMPLETED.value,)),
+    "created": (jobs.c.created_at, ()),
+    "started": (jobs.c.started_at, ()),
+    # A job cancelled before any attempt started stops waiting when it is cancelled.
+    # (attempts = 0 rather than started_at IS NULL: planners would take the started_at
+    # index for the NULLs and walk every pending and cancelled job per bucket.)
+    "cancelled": (
+        jobs.c.finished_at,
+        (jobs.c.status == JobStatus.CANCELLED.value, jobs.c.attempts == 0),
+    ),
+}
+
+
+@functools.cache
+def _activity_statement(dialect: str) -> sa.Select[Any]:
+    # One row per bucket, numbered by a recursive CTE; per series an index range count
+    # between the bucket's edges, correlated to the row. The database counts index
+    # entries (no expression per row, no hashing), the shape is the same for every
+    # span, so it is compiled once per database, and the edges are computed in SQL from
+    # three parameters instead of one parameter per bucket.
+    ops = dialects.for_dialect(dialect)
+    first = sa.select(sa.literal(0, sa.Integer).label("i")).cte("sqlqueue_buckets", recursive=True)
+    steps = first.union_all(sa.select(first.c.i + 1).where(first.c.i + 1 < sa.bindparam("buckets")))
+    origin = sa.bindparam("origin", type_=jobs.c.created_at.type)
+    step = sa.bindparam("step", type_=sa.Integer)
+    start = ops.add_seconds(origin, steps.c.i * step)
+    end = ops.add_seconds(origin, (steps.c.i + 1) * step)
     counts = [
         sa.select(sa.func.count())
         .select_from(jobs)
-        .where(*where, column >= edges[i], column < edges[i + 1])
+        .where(*where, column >= start, column < end)
         .scalar_subquery()
-        for i in range(len(edges) - 1)
+        .label(name)
+        for name, (column, where) in _SERIES.items()
     ]
-    return [int(n or 0) for n in conn.execute(sa.select(*counts)).one()]
+    return sa.select(steps.c.i, *counts).order_by(steps.c.i)
 
 
 def activity(
@@ -328,22 +393,15 @@ def activity(
     buckets = max(int(span / step), 1)
     end = _floor(now, step) + step
     edges = [end - (buckets - i) * step for i in range(buckets + 1)]
-    completed = _range_counts(
-        conn, jobs.c.finished_at, edges, jobs.c.status == JobStatus.COMPLETED.value
-    )
-    created = _range_counts(conn, jobs.c.created_at, edges)
-    started = _range_counts(conn, jobs.c.started_at, edges)
-    # A job cancelled before it ever started stops waiting when it is cancelled.
-    cancelled = _range_counts(
-        conn,
-        jobs.c.finished_at,
-        edges,
-        jobs.c.status == JobStatus.CANCELLED.value,
-        jobs.c.started_at.is_(None),
-    )
+    series: dict[str, list[int]] = {name: [0] * buckets for name in _SERIES}
+    params = {"origin": edges[0], "step": int(step.total_seconds()), "buckets": buckets}
+    for row in conn.execute(_activity_statement(conn.dialect.name), params).mappings():
+        for name in _SERIES:
+            series[name][int(row["i"])] = int(row[name] or 0)
+    completed, created, started, cancelled = (series[name] for name in _SERIES)
     waiting_now = conn.execute(
         sa.select(sa.func.count()).where(
-            jobs.c.status == JobStatus.PENDING.value, jobs.c.started_at.is_(None)
+            jobs.c.status == JobStatus.PENDING.value, jobs.c.attempts == 0
         )
     ).scalar_one()
     waiting = [0] * buckets
@@ -385,19 +443,20 @@ def _failed_attempts(conn: Connection, edges: list[datetime], limit: int) -> tup
     return counts, False
 
 
+#: An ``"at"`` key of an error record. A quote inside a JSON string is always escaped,
+#: so this matches keys only; it reads a history four times faster than json.loads,
+#: which would decode every traceback just to throw it away.
+_AT = re.compile(r'"at":\s*"([^"\\]*)"')
+
+
 def _error_times(text: str | None) -> list[datetime]:
-    try:
-        records = json.loads(text or "[]")
-    except ValueError:
-        return []
     times = []
-    for record in records if isinstance(records, list) else []:
-        at = record.get("at") if isinstance(record, dict) else None
+    for at in _AT.findall(text or ""):
         try:
-            moment = datetime.fromisoformat(at) if isinstance(at, str) else None
+            moment = datetime.fromisoformat(at)
         except ValueError:
             continue
-        if moment is not None and moment.tzinfo is not None:
+        if moment.tzinfo is not None:
             times.append(moment)
     return times
 
@@ -406,16 +465,20 @@ def _error_times(text: str | None) -> list[datetime]:
 class TaskMetrics:
     """One task's jobs that finished (completed or went dead) in a window.
 
-    ``attempts`` counts every attempt those jobs made, the failed ones included; the
-    timings come from the task's latest ``sampled`` completed jobs in the window:
-    duration is ``finished_at - started_at`` of the successful attempt, wait is
-    ``started_at - created_at`` (so it includes scheduled delays and retry backoff).
+    ``completed`` and ``dead`` are exact counts. Everything else comes from the task's
+    latest ``sample`` completed and latest ``sample`` dead jobs in the window: timings
+    from the completed ones (duration is ``finished_at - started_at`` of the successful
+    attempt, wait is ``started_at - created_at``, so it includes scheduled delays and
+    retry backoff), and ``attempts``, every attempt the jobs made, failed ones included:
+    exact when the samples hold every job of the window (``attempts_exact``), otherwise
+    each status's count times its sample's mean attempts.
     """
 
     task: str
     completed: int
     dead: int
     attempts: int
+    attempts_exact: bool
     sampled: int
     p50: float | None
     p95: float | None
@@ -440,53 +503,76 @@ def percentile(values: list[float], fraction: float) -> float | None:
     return values[min(rank, len(values)) - 1]
 
 
+def _finished(status: str) -> Any:
+    # The (task, status, finished_at) index holds every condition: a range per task.
+    return sa.and_(
+        jobs.c.task == sa.bindparam("task"),
+        jobs.c.status == status,
+        jobs.c.finished_at >= sa.bindparam("since", type_=jobs.c.finished_at.type),
+    )
+
+
+_COMPLETED = JobStatus.COMPLETED.value
+_DEAD = JobStatus.DEAD.value
+#: Statements of one shape, compiled once, run once per task.
+_FINISHED_COUNTS = sa.select(
+    *(
+        sa.select(sa.func.count()).select_from(jobs).where(_finished(s)).scalar_subquery()
+        for s in (_COMPLETED, _DEAD)
+    )
+)
+
+
+@functools.cache
+def _latest_completed(dialect: str) -> sa.Select[Any]:
+    ops = dialects.for_dialect(dialect)
+    return (
+        sa.select(
+            jobs.c.attempts,
+            ops.seconds_between(jobs.c.started_at, jobs.c.finished_at).label("duration"),
+            ops.seconds_between(jobs.c.created_at, jobs.c.started_at).label("wait"),
+        )
+        .where(_finished(_COMPLETED))
+        .order_by(jobs.c.finished_at.desc())
+        .limit(sa.bindparam("sample"))
+    )
+
+
+_LATEST_DEAD = (
+    sa.select(jobs.c.attempts)
+    .where(_finished(_DEAD))
+    .order_by(jobs.c.finished_at.desc())
+    .limit(sa.bindparam("sample"))
+)
+
+
 def task_metrics(
     conn: Connection, since: datetime, *, sample: int = 1000, max_tasks: int = 200
 ) -> list[TaskMetrics]:
-    """Per-task counts for jobs finished since ``since`` (exact), with duration
-    percentiles and mean wait from each task's latest ``sample`` completed jobs."""
-    finished = [JobStatus.COMPLETED.value, JobStatus.DEAD.value]
-    counts: dict[str, dict[str, tuple[int, int]]] = {}
-    for task, state, n, attempts in conn.execute(
-        sa.select(jobs.c.task, jobs.c.status, sa.func.count(), sa.func.sum(jobs.c.attempts))
-        .where(jobs.c.status.in_(finished), jobs.c.finished_at >= since)
-        .group_by(jobs.c.task, jobs.c.status)
-    ):
-        counts.setdefault(task, {})[state] = (int(n), int(attempts or 0))
+    """Per-task exact counts of the jobs finished since ``since``, with attempts,
+    duration percentiles and mean wait from each task's latest ``sample`` completed and
+    dead jobs (see :class:`TaskMetrics`). Every statement is an index range per task:
+    index-only for the counts, ``sample`` rows at most for the rest."""
     metrics = []
-    for task in sorted(counts)[:max_tasks]:
-        done, done_attempts = counts[task].get(JobStatus.COMPLETED.value, (0, 0))
-        dead, dead_attempts = counts[task].get(JobStatus.DEAD.value, (0, 0))
-        rows = (
-            conn.execute(
-                sa.select(jobs.c.created_at, jobs.c.started_at, jobs.c.finished_at)
-                .where(
-                    jobs.c.task == task,
-                    jobs.c.status == JobStatus.COMPLETED.value,
-                    jobs.c.finished_at >= since,
-                )
-                .order_by(jobs.c.finished_at.desc())
-                .limit(sample)
-            ).all()
-            if done
-            else []
-        )
-        durations = sorted(
-            (row.finished_at - row.started_at).total_seconds()
-            for row in rows
-            if row.started_at is not None
-        )
-        waits = [
-            (row.started_at - row.created_at).total_seconds()
-            for row in rows
-            if row.started_at is not None
-        ]
+    for task in distinct_values(conn, "task", limit=max_tasks):
+        params = {"task": task, "since": since, "sample": sample}
+        done, dead = conn.execute(_FINISHED_COUNTS, params).one()
+        if not done and not dead:
+            continue
+        latest = _latest_completed(conn.dialect.name)
+        rows = conn.execute(latest, params).all() if done else []
+        dead_attempts = list(conn.execute(_LATEST_DEAD, params).scalars()) if dead else []
+        durations = sorted(float(d) for _, d, _ in rows if d is not None)
+        waits = [float(w) for _, d, w in rows if d is not None and w is not None]
+        exact = len(rows) == done and len(dead_attempts) == dead
+        attempts = _scaled(done, [a for a, _, _ in rows]) + _scaled(dead, dead_attempts)
         metrics.append(
             TaskMetrics(
                 task=task,
-                completed=done,
-                dead=dead,
-                attempts=done_attempts + dead_attempts,
+                completed=int(done),
+                dead=int(dead),
+                attempts=attempts,
+                attempts_exact=exact,
                 sampled=len(durations),
                 p50=percentile(durations, 0.5),
                 p95=percentile(durations, 0.95),
@@ -494,3 +580,73 @@ def task_metrics(
             )
         )
     return metrics
+
+
+def _scaled(count: int, attempts: list[int]) -> int:
+    """The attempts of ``count`` jobs, from a sample of theirs: exact when it is all."""
+    if not attempts:
+        return count  # no sample: at least one attempt each
+    if len(attempts) >= count:
+        return sum(attempts)
+    return round(count * sum(attempts) / len(attempts))
+
+
+#: Where the dashboard stops counting, per status: finished jobs pile up by the million
+#: and counting them exactly would walk the whole index on every refresh.
+COUNT_CAPS = {
+    JobStatus.PENDING.value: 100_000,
+    JobStatus.RUNNING.value: 100_000,
+    JobStatus.DEAD.value: 100_000,
+    JobStatus.COMPLETED.value: 10_000,
+    JobStatus.CANCELLED.value: 10_000,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Counts for one queue by status, each exact up to its cap in :data:`COUNT_CAPS`
+    (``capped`` names those that reached it), and its oldest eligible job's ``run_at``."""
+
+    queue: str
+    counts: dict[str, int]
+    capped: frozenset[str]
+    oldest_eligible: datetime | None
+
+
+def queue_counts(
+    conn: Connection, now: datetime, caps: dict[str, int] | None = None
+) -> list[QueueCounts]:
+    """Per-queue counts read from the (queue, status) index, each stopping at its cap,
+    so the cost is bounded by the caps times the queues, not by the size of the table."""
+    caps = caps or COUNT_CAPS
+    names = distinct_values(conn, "queue")
+    if not names:
+        return []
+    cells = [(queue, state) for queue in names for state in caps]
+    limited = [
+        sa.select(sa.func.count())
+        .select_from(
+            sa.select(jobs.c.id)
+            .where(jobs.c.queue == queue, jobs.c.status == state)
+            .limit(caps[state])
+            .subquery()
+        )
+        .scalar_subquery()
+        for queue, state in cells
+    ]
+    row = conn.execute(sa.select(*limited)).one()
+    counts: dict[str, dict[str, int]] = {queue: {} for queue in names}
+    capped: dict[str, set[str]] = {queue: set() for queue in names}
+    for (queue, state), n in zip(cells, row, strict=True):
+        if n:
+            counts[queue][state] = int(n)
+        if n >= caps[state]:
+            capped[queue].add(state)
+    oldest = dict(
+        conn.execute(
+            sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at))
+            .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
+            .group_by(jobs.c.queue)
+        ).all()
+    )
+    return [QueueCounts(q, counts[q], frozenset(capped[q]), _aware(oldest.get(q))) for q in names]

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import math
 import os
+import sqlite3
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
+from contextlib import contextmanager
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
@@ -28,6 +32,7 @@ from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
 from ..exceptions import QueueUnavailable
+from . import signals
 from . import wakeup
 from .dialects import DialectOps
 from .dialects import for_dialect
@@ -45,6 +50,13 @@ T = TypeVar("T")
 # different databases never wake each other.
 _waiters: dict[str, weakref.WeakSet[threading.Event]] = {}
 _waiters_lock = threading.Lock()
+
+# SQLite has one writer at a time, and a connection that finds the write lock taken
+# sleeps in SQLite's busy handler (1, 2, 5, 10... 100 ms), so a dozen threads of one
+# process taking turns spent most of their time asleep. Threads of one process queue
+# for it here instead and are handed the lock as soon as it is free. Keyed by database
+# file, shared by every Store on it; other processes still meet at SQLite's own lock.
+_write_locks: dict[str, threading.RLock] = {}
 
 
 def database_identity(url: sa.URL) -> str:
@@ -65,12 +77,18 @@ class Store:
         self.ops.configure_engine(engine, settings)
         self.read_engine = engine.execution_options(**self.ops.read_options())
         self.identity = database_identity(engine.url)
+        self._write_lock: threading.RLock | None = None
+        if self.ops.name == "sqlite":
+            with _waiters_lock:
+                self._write_lock = _write_locks.setdefault(self.identity, threading.RLock())
         self._wake_dir = (
             wakeup.wake_dir(engine.url.database or "") if self.ops.name == "sqlite" else None
         )
         self._clock_offset = timedelta(0)
         self._clock_synced_at = -math.inf
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
+        #: The sender of the queue's signals: the Flask app (set by the extension).
+        self.signal_sender: Any = self
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
@@ -94,7 +112,26 @@ class Store:
 
     def write(self) -> Any:
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite)."""
-        return self.engine.begin()
+        if self._write_lock is None:
+            return self.engine.begin()
+        return self._sqlite_write()
+
+    @contextmanager
+    def _sqlite_write(self) -> Iterator[Connection]:
+        lock = self._write_lock
+        assert lock is not None
+        # As long as SQLite itself would wait, then the same error it would raise.
+        if not lock.acquire(timeout=self.settings.sqlite_busy_timeout):
+            raise sa.exc.OperationalError(
+                "BEGIN IMMEDIATE",
+                None,
+                sqlite3.OperationalError("database is locked (by a writer in this process)"),
+            )
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        finally:
+            lock.release()
 
     def read(self) -> Any:
         """A short read-only transaction that never waits for writers."""
@@ -118,6 +155,58 @@ class Store:
             default_max_attempts=default_max_attempts or self.settings.max_attempts,
             now=self.now(),
         )
+        job: Job = self._produce(
+            options,
+            lambda conn: self._insert(conn, values),
+            lambda job: self._announce(job, values),
+        )
+        return job
+
+    def enqueue_many(
+        self,
+        task: str,
+        calls: Sequence[tuple[str, str | None, str | None]],
+        options: EnqueueOptions,
+        *,
+        default_max_attempts: int | None = None,
+    ) -> list[Job]:
+        """Write one job per ``(payload, idempotency key, concurrency key)`` in one
+        transaction, with multi-row INSERTs; returns the jobs in the order of ``calls``.
+
+        A key that exists already, or repeats within ``calls``, gives the job that holds it.
+        """
+        values = job_values(
+            task,
+            "",
+            options,
+            default_max_attempts=default_max_attempts or self.settings.max_attempts,
+            now=self.now(),
+        )
+        rows = [
+            {**values, "payload": payload, "idempotency_key": key, "concurrency_key": limit_key}
+            for payload, key, limit_key in calls
+        ]
+
+        def announce(made: list[Job]) -> None:
+            seen: set[int] = set()
+            for job, row in zip(made, rows, strict=True):
+                if job.id not in seen:  # a key repeated in the batch is one job
+                    seen.add(job.id)
+                    self._announce(job, row)
+
+        made: list[Job] = self._produce(
+            options, lambda conn: self._insert_many(conn, rows), announce
+        )
+        return made
+
+    def _produce(
+        self,
+        options: EnqueueOptions,
+        insert: Callable[[Connection], T],
+        announce: Callable[[T], None],
+    ) -> T:
+        """Run ``insert`` in the queue's own transaction, or in the caller's ``session``;
+        wake the workers and announce the jobs once it has committed."""
         target = options.session
         if isinstance(target, scoped_session):
             # Flask-SQLAlchemy's db.session: write in the session of the current scope.
@@ -125,7 +214,7 @@ class Store:
         if target is None:
             try:
                 with self.write() as conn:
-                    job = self._insert(conn, values)
+                    made = insert(conn)
             except sa.exc.DBAPIError as exc:
                 if not is_transient(exc):
                     raise
@@ -134,16 +223,28 @@ class Store:
                     f"The queue's database is unavailable ({reason}); nothing was enqueued."
                 ) from exc
             self.wake()
-            return job
+            announce(made)
+            return made
         conn = self._caller_connection(target)
-        job = self._insert(conn, values)
+        made = insert(conn)
         if isinstance(target, Session):
-            event.listen(target, "after_commit", lambda _s: self.wake(), once=True)
+
+            def committed(_session: Session) -> None:
+                self.wake()
+                announce(made)
+
+            event.listen(target, "after_commit", committed, once=True)
         else:
             self.wake()  # a hint only: a worker woken early just polls again later
-        return job
+            announce(made)
+        return made
 
-    def _insert(self, conn: Connection, values: dict[str, Any]) -> Job:
+    def _announce(self, job: Job, values: dict[str, Any]) -> None:
+        # The job an idempotency key already had keeps its own creation time.
+        if signals.job_enqueued.receivers and job.created_at == values["created_at"]:
+            signals.send(signals.job_enqueued, self.signal_sender, job=job)
+
+    def _insert(self, conn: Connection, values: dict[str, Any], *, notify: bool = True) -> Job:
         ops = (
             self.ops
             if conn.dialect.name == self.engine.dialect.name
@@ -153,25 +254,91 @@ class Store:
         for _ in range(3):
             job_id = ops.insert_job(conn, values)
             if job_id is not None:
-                ops.notify(conn)
-                return Job.from_row(
-                    _Values(
-                        id=job_id,
-                        **values,
-                        started_at=None,
-                        finished_at=None,
-                        worker_id=None,
-                        last_error=None,
-                        result=None,
-                        errors=None,
-                    ),
-                    self.get_job,
-                )
+                if notify:
+                    ops.notify(conn)
+                return self._new_job(job_id, values)
             existing = conn.execute(sa.select(jobs).where(jobs.c.idempotency_key == key)).first()
             if existing is not None:
                 return Job.from_row(existing, self.get_job)
             # The holder of the key was deleted between our insert and our read: try again.
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
+
+    def _insert_many(self, conn: Connection, rows: list[dict[str, Any]]) -> list[Job]:
+        ops = (
+            self.ops
+            if conn.dialect.name == self.engine.dialect.name
+            else for_dialect(conn.dialect.name)
+        )
+        made: list[Job | None] = [None] * len(rows)
+        first: dict[str, int] = {}  # idempotency key -> index of its first call
+        repeats: list[tuple[int, int]] = []  # (index, index of the first call with its key)
+        run: list[int] = []  # consecutive calls without a key, inserted together
+
+        def flush_run() -> None:
+            if run:
+                for index, job_id in zip(
+                    run, self._insert_plain(conn, [rows[i] for i in run]), strict=True
+                ):
+                    made[index] = self._new_job(job_id, rows[index])
+                run.clear()
+
+        # Calls keep their order in ids (which breaks ties in the claim order): runs of
+        # calls without a key go in multi-row INSERTs, each keyed call insert-once.
+        for index, row in enumerate(rows):
+            key = row["idempotency_key"]
+            if key is None:
+                run.append(index)
+                continue
+            if key in first:
+                repeats.append((index, first[key]))
+                continue
+            first[key] = index
+            flush_run()
+            made[index] = self._insert(conn, row, notify=False)
+        flush_run()
+        for index, original in repeats:
+            made[index] = made[original]
+        if rows:
+            ops.notify(conn)
+        return made  # type: ignore[return-value]
+
+    def _insert_plain(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert jobs without idempotency keys; their ids, in the order of ``rows``."""
+        if conn.dialect.name == "sqlite":
+            # SQLAlchemy cannot match RETURNING rows to parameters on SQLite, so with
+            # sort_by_parameter_order it inserts a row at a time. It need not: under the
+            # single write lock each row gets the next rowid in insert order, so the ids
+            # in ascending order are the rows' ids in order.
+            result = conn.execute(sa.insert(jobs).returning(jobs.c.id), rows)
+            return sorted(int(job_id) for job_id in result.scalars())
+        if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+            # One multi-row INSERT ... RETURNING per page of rows (SQLAlchemy's
+            # "insertmanyvalues"), ids matched to rows whatever order the database uses.
+            result = conn.execute(
+                sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rows
+            )
+            return [int(job_id) for job_id in result.scalars()]
+        # No RETURNING for many rows (MySQL): still one transaction, a row at a time.
+        return [
+            int(conn.execute(sa.insert(jobs), row).inserted_primary_key[0])  # type: ignore[index]
+            for row in rows
+        ]
+
+    def _new_job(self, job_id: int, values: dict[str, Any]) -> Job:
+        """The Job for a row just inserted with ``values`` (saves reading it back)."""
+        return Job.from_row(
+            _Values(
+                id=job_id,
+                **values,
+                started_at=None,
+                finished_at=None,
+                worker_id=None,
+                last_error=None,
+                result=None,
+                errors=None,
+            ),
+            self.get_job,
+        )
 
     def _caller_connection(self, target: Session | Connection) -> Connection:
         conn = target.connection() if isinstance(target, Session) else target

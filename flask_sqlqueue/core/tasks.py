@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from datetime import datetime
@@ -19,10 +21,13 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
 from ..exceptions import DuplicateTask
+from .enqueue import CallLike
 from .enqueue import EnqueueOptions
 from .enqueue import check_task_name
 from .jobs import Job
 from .lifecycle import BackoffFunc
+from .limits import TaskLimits
+from .periodic import Schedule
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,6 +45,14 @@ class Producer(Protocol):
     ) -> Job: ...
 
 
+class BatchProducer(Protocol):
+    """Writes one job per call in one transaction (``enqueue_many``)."""
+
+    def __call__(
+        self, task: Task[Any, Any], calls: Iterable[CallLike], options: EnqueueOptions
+    ) -> list[Job]: ...
+
+
 class Task(Generic[P, R]):
     """A function registered with a queue.
 
@@ -54,17 +67,34 @@ class Task(Generic[P, R]):
         options: EnqueueOptions,
         backoff: BackoffFunc | None,
         producer: Producer,
+        timeout: float | None = None,
+        isolate: bool = False,
+        limits: TaskLimits | None = None,
+        batch_producer: BatchProducer | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"@task needs a function, got {fn!r}.")
         if backoff is not None and not callable(backoff):
             raise TypeError(f"backoff must be a callable (attempt -> seconds), got {backoff!r}.")
+        check_timeout(timeout)
+        if not isinstance(isolate, bool):
+            raise TypeError(f"isolate must be True or False, got {isolate!r}.")
         self.fn = fn
         self.name = check_task_name(name)
         #: The task's defaults for queue, priority and max_attempts.
         self.options = options
         self.backoff = backoff
+        #: Seconds an attempt may run; enforced only when it runs in a child process
+        #: (``isolate=True`` or ``flask queue work --processes N``): docs/timeouts.md.
+        self.timeout: float | None = None if timeout is None else float(timeout)
+        #: Run each attempt in a child process, even on a thread worker.
+        self.isolate = isolate
+        #: When it also runs on its own: set by ``@queue.periodic``.
+        self.schedule: Schedule | None = None
+        #: Its concurrency and rate limits (docs/limits.md), or ``None``.
+        self.limits = limits
         self._producer = producer
+        self._batch_producer = batch_producer
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -73,6 +103,25 @@ class Task(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """Write a job that runs this task with these arguments; committed on return."""
         return self._producer(self, args, kwargs, self.options)
+
+    def enqueue_many(self, calls: Iterable[CallLike]) -> list[Job]:
+        """Write one job per call, all in one transaction; committed on return.
+
+        ::
+
+            send_report.enqueue_many([(["a@example.com", 1], {}), (["b@example.com", 2], {})])
+            send_report.enqueue_many(Call([email, n], idempotency_key=f"r-{n}") for ...)
+
+        Every call's arguments are checked before anything is written: a bad one raises
+        ``TypeError`` or ``ValueError`` naming its index (``calls[3]: args[0] = ...``) and
+        no job is written. Workers are woken once.
+
+        :param calls: each a :class:`Call` (arguments and, if wanted, its own
+            ``idempotency_key``) or an ``(args, kwargs)`` tuple.
+        :returns: the jobs, in the order of ``calls``. A call whose idempotency key
+            exists already (or repeats an earlier call's) gives the job holding it.
+        """
+        return _enqueue_many(self, calls, self.options)
 
     def using(
         self,
@@ -107,6 +156,21 @@ class Task(Generic[P, R]):
         return f"<Task {self.name}>"
 
 
+def check_timeout(timeout: object) -> None:
+    """Refuse a task timeout that is not a positive, finite number of seconds."""
+    if timeout is None:
+        return
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ValueError(
+            f"timeout must be a positive number of seconds, like timeout=30; got {timeout!r}."
+        )
+
+
 class BoundTask(Generic[P, R]):
     """A task with options chosen for one call."""
 
@@ -116,6 +180,25 @@ class BoundTask(Generic[P, R]):
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         return self.task._producer(self.task, args, kwargs, self.options)
+
+    def enqueue_many(self, calls: Iterable[CallLike]) -> list[Job]:
+        """:meth:`Task.enqueue_many` with these options (``session=`` included: the
+        jobs are written in that transaction). Give idempotency keys per call, with
+        :class:`Call`; ``.using(idempotency_key=...)`` is refused here."""
+        return _enqueue_many(self.task, calls, self.options)
+
+
+def _enqueue_many(
+    task: Task[Any, Any], calls: Iterable[CallLike], options: EnqueueOptions
+) -> list[Job]:
+    if options.idempotency_key is not None:
+        raise ValueError(
+            "enqueue_many writes many jobs, and one idempotency_key cannot name them all; "
+            "give each job its own with Call(args, kwargs, idempotency_key=...)."
+        )
+    if task._batch_producer is None:
+        raise TypeError(f"{task!r} was not declared on a queue that can enqueue many jobs.")
+    return task._batch_producer(task, calls, options)
 
 
 class TaskRegistry(Mapping[str, Task[Any, Any]]):

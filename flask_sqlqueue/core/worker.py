@@ -32,14 +32,23 @@ import sqlalchemy as sa
 
 from ..exceptions import ClaimLost
 from ..exceptions import ConfigurationError
+from ..exceptions import JobCancelled
 from ..exceptions import PayloadError
 from ..exceptions import PermanentFailure
 from ..exceptions import Retry
 from . import lifecycle
+from . import logcontext
+from . import periodic
+from . import retention
+from . import signals
 from .context import JobContext
 from .context import _current
 from .dialects.base import CLAIM_COLUMNS
 from .dialects.base import claim_values
+from .groupcommit import GroupCommit
+from .isolation import AttemptFailed
+from .isolation import Isolation
+from .isolation import RuntimeLoader
 from .models import JobStatus
 from .models import jobs
 from .payload import decode_payload
@@ -66,8 +75,20 @@ class WorkerOptions:
     stale_after: float = 60.0
     #: Seconds to let running jobs finish after a stop is asked for.
     grace: float = 30.0
+    #: Run every job in a child process, this many at once (0: jobs run on threads).
+    #: Needs a worker given a ``loader``; ``concurrency`` then follows it.
+    processes: int = 0
 
     def __post_init__(self) -> None:
+        if type(self.processes) is not int or self.processes < 0:
+            raise ConfigurationError(f"processes must be 0 or more, got {self.processes!r}.")
+        if self.processes:
+            if self.concurrency not in (1, self.processes):
+                raise ConfigurationError(
+                    "Give processes or concurrency, not both: with processes=N the worker "
+                    "runs N jobs at once, each in a child process."
+                )
+            object.__setattr__(self, "concurrency", self.processes)
         if type(self.concurrency) is not int or self.concurrency < 1:
             raise ConfigurationError(f"concurrency must be 1 or more, got {self.concurrency!r}.")
         for name in ("poll_interval", "stale_after", "grace"):
@@ -84,6 +105,18 @@ class WorkerOptions:
 
 def _worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Success:
+    """A finished attempt whose outcome waits to be recorded."""
+
+    row: Any
+    label: str
+    extra: dict[str, Any]
+    value: Any
+    result: str | None  # ``value`` as stored JSON
+    elapsed: float
 
 
 def job_label(job_id: int, task: str, attempt: int, max_attempts: int, key: str | None) -> str:
@@ -119,15 +152,32 @@ class Worker:
         job_context: Callable[[], AbstractContextManager[Any]] | None = None,
         clock: Callable[[], datetime] | None = None,
         rng: random.Random | None = None,
+        loader: RuntimeLoader | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         # The claim filters on these on every poll: sort them once, not per claim.
         self._task_names = tuple(sorted(registry))
+        # Concurrency and rate limits, enforced by the claim (see dialects/base.py).
+        self._limits = {
+            name: task.limits for name, task in registry.items() if task.limits is not None
+        }
         self.options = options or WorkerOptions(stale_after=store.settings.stale_after)
         self.job_context = job_context or nullcontext
+        if self.options.processes and loader is None:
+            raise ConfigurationError(
+                "processes=N runs jobs in child processes, which need a loader to build the "
+                "app in each child; use `flask queue work --processes N`."
+            )
+        # Child processes for isolated attempts (see isolation.py); started when needed.
+        self._isolation = None if loader is None else Isolation(loader)
         self.clock = clock or store.now
         self.rng = rng or random.Random()
+        self.retention = retention.RetentionPolicy.from_settings(store.settings)
+        logcontext.install()  # the app's log lines inside a task name the job
+        # The first round comes a random part of the interval in, so workers started
+        # together do not all prune at once.
+        self._next_prune = time.monotonic() + random.uniform(0, store.settings.prune_interval)
         self.id = _worker_id()
         self._stopping = threading.Event()
         self._exited = threading.Event()
@@ -138,6 +188,10 @@ class Worker:
         self._last_heartbeat_ok = time.monotonic()
         self._paused = False
         self._db_error_logged = 0.0
+        # Successful outcomes waiting to be recorded together; only while run() runs.
+        self._completions: GroupCommit[_Success] | None = None
+        # Their ids: still running (holding a thread's slot) until recorded.
+        self._recording: set[int] = set()
         # Outcomes a database fault kept from being recorded: (label, extra, fenced write).
         self._unrecorded: list[tuple[str, dict[str, Any], Callable[[Any], bool]]] = []
 
@@ -154,6 +208,7 @@ class Worker:
     def run(self, *, burst: bool = False) -> None:
         """Work until :meth:`stop` is called, or with ``burst`` until nothing is eligible."""
         self._check_tasks()
+        self._start_children()
         self._register()
         inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
         threads = [
@@ -175,13 +230,18 @@ class Worker:
         )
         for thread in (*threads, heart, listener):
             thread.start()
+        self._completions = GroupCommit(self._record_successes).start()
+        # Every (non-burst) worker schedules periodic tasks; the database keeps each slot
+        # to one job, so there is no leader to lose.
+        scheduler = None if burst else self._scheduler().start(self._stopping)
         self.store.add_waiter(self._wake)
         log.info(
-            "worker %s started: queues=%s concurrency=%d tasks=%d",
+            "worker %s started: queues=%s concurrency=%d tasks=%d mode=%s",
             self.id,
             ",".join(self.options.queues) or "*",
             self.options.concurrency,
             len(self.registry),
+            self._mode(),
         )
         try:
             self._dispatch(inbox, burst)
@@ -191,9 +251,16 @@ class Worker:
             for _ in threads:
                 inbox.put(None)
             self._finish_running()
+            if self._completions is not None:  # every finished job's outcome is written
+                self._completions.close()
+                self._completions = None
+            if self._isolation is not None:  # after the hand-back: their jobs are released
+                self._isolation.close()
             self._exited.set()
             heart.join(timeout=5)
             listener.join(timeout=5)
+            if scheduler is not None:
+                scheduler.join(timeout=5)
             self._record_late()
             self.close()
 
@@ -244,6 +311,9 @@ class Worker:
         self._registered = True
         self._last_heartbeat_ok = time.monotonic()
 
+    def _scheduler(self) -> periodic.Scheduler:
+        return periodic.Scheduler(self.store, self.registry, clock=self.clock)
+
     def _dispatch(self, inbox: queue_module.SimpleQueue[Any], burst: bool) -> None:
         poll = self.options.poll_interval
         while not self._stopping.is_set():
@@ -288,17 +358,26 @@ class Worker:
 
     def _claim(self, limit: int) -> list[Any]:
         token = uuid.uuid4().hex
-        now = self.clock()
-        with self.store.write() as conn:
-            rows = self.store.ops.claim(
-                conn,
-                worker_id=self.id,
-                token=token,
-                now=now,
-                limit=limit,
-                queues=self.options.queues,
-                tasks=self._task_names,
-            )
+        for attempt in range(3):
+            now = self.clock()
+            try:
+                with self.store.write() as conn:
+                    rows = self.store.ops.claim(
+                        conn,
+                        worker_id=self.id,
+                        token=token,
+                        now=now,
+                        limit=limit,
+                        queues=self.options.queues,
+                        tasks=self._task_names,
+                        limits=self._limits,
+                    )
+                break
+            except sa.exc.DBAPIError as exc:
+                # The database rolled the whole claim back; nothing was taken. Claims
+                # lock limit rows in one order, so this is rare: retry at once.
+                if attempt == 2 or not self.store.ops.is_deadlock(exc):
+                    raise
         with self._lock:
             for row in rows:
                 self._running[row.id] = token
@@ -326,7 +405,7 @@ class Worker:
                     return
             time.sleep(0.05)
         with self._lock:
-            unfinished = dict(self._running)
+            unfinished = {i: t for i, t in self._running.items() if i not in self._recording}
         for job_id, token in unfinished.items():
             now = self.clock()
             try:
@@ -348,7 +427,8 @@ class Worker:
             self._run_and_record(row, label, extra)
         finally:
             with self._lock:
-                self._running.pop(row.id, None)
+                if row.id not in self._recording:  # else popped once recorded
+                    self._running.pop(row.id, None)
 
     def _run_and_record(self, row: Any, label: str, extra: dict[str, Any]) -> None:
         task = self.registry.get(row.task)
@@ -361,17 +441,7 @@ class Worker:
         if task is None:  # cannot happen for claimed rows; never drop the job if it does
             self._record_failure(row, label, extra, "UnknownTask", row.task, "", dead=False)
             return
-        ctx = JobContext(
-            id=row.id,
-            task=row.task,
-            queue=row.queue,
-            attempts=row.attempts,
-            max_attempts=row.max_attempts,
-            idempotency_key=row.idempotency_key,
-            worker_id=self.id,
-            claim_token=row.claim_token,
-            store=self.store,
-        )
+        ctx = self._context(row)
         log.info("%s: started", label, extra=extra)
         started = time.monotonic()
         outcome: tuple[str, Any] | None = None
@@ -379,11 +449,13 @@ class Worker:
             with self.job_context():
                 reset = _current.set(ctx)
                 try:
-                    outcome = ("ok", task.fn(*args, **kwargs))
+                    signals.send(signals.job_started, self.store.signal_sender, job=ctx)
+                    outcome = ("ok", self._call(task, ctx, label, args, kwargs))
                 except BaseException as exc:  # a task's SystemExit must not end the worker
                     outcome = ("error", exc)
                 finally:
                     _current.reset(reset)
+                    ctx.close()  # its last progress report lands before the outcome
         except Exception as exc:
             if outcome is None:
                 outcome = ("error", exc)
@@ -399,15 +471,31 @@ class Worker:
         if isinstance(error, ClaimLost):
             log.warning("%s: lost its claim while running; nothing recorded", label, extra=extra)
             return
+        if isinstance(error, JobCancelled):
+            self._record_cancelled(row, label, extra)
+            return
         text = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
         kind_name = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
+        if isinstance(error, AttemptFailed):  # it failed in a child: record the child's error
+            text, kind_name = error.text, error.kind
         if isinstance(error, PermanentFailure):
-            self._record_failure(row, label, extra, kind_name, str(error), text, dead=True)
+            self._record_failure(
+                row, label, extra, kind_name, str(error), text, dead=True, error=error
+            )
         elif isinstance(error, Retry):
-            self._record_failure(row, label, extra, kind_name, str(error), text, delay=error.delay)
+            self._record_failure(
+                row, label, extra, kind_name, str(error), text, delay=error.delay, error=error
+            )
         else:
             self._record_failure(
-                row, label, extra, kind_name, str(error), text, delay=self._backoff(row, task)
+                row,
+                label,
+                extra,
+                kind_name,
+                str(error),
+                text,
+                delay=self._backoff(row, task),
+                error=error,
             )
 
     def _backoff(self, row: Any, task: Task[Any, Any]) -> float:
@@ -431,6 +519,14 @@ class Worker:
             # The work is done: re-running it to store a result would repeat its effects.
             log.warning("%s: result not stored: %s", label, exc, extra=extra)
             result = None
+        completions = self._completions
+        if completions is not None:
+            # Recorded with the others that finish meanwhile, in one transaction; until
+            # then the job stays running in the database (a crash re-runs it, at least once).
+            with self._lock:
+                self._recording.add(row.id)
+            completions.put(_Success(row, label, extra, value, result, elapsed))
+            return
         now = self.clock()
         done = self._finish(
             label,
@@ -438,7 +534,63 @@ class Worker:
             lambda conn: lifecycle.complete(conn, row.id, row.claim_token, result, now),
         )
         if done:
-            log.info("%s: completed in %.3fs", label, elapsed, extra=extra)
+            self._succeeded(_Success(row, label, extra, value, result, elapsed))
+
+    def _succeeded(self, success: _Success) -> None:
+        log.info("%s: completed in %.3fs", success.label, success.elapsed, extra=success.extra)
+        self._emit(
+            signals.job_succeeded, success.row, result=success.value, duration=success.elapsed
+        )
+
+    def _record_successes(self, batch: list[_Success]) -> None:
+        """Record successful outcomes in one transaction, each fenced by its own claim."""
+        try:
+            self._write_successes(batch)
+        finally:
+            # Their threads' slots are free only now, so the worker never holds more
+            # running jobs than it has threads.
+            with self._lock:
+                for s in batch:
+                    self._recording.discard(s.row.id)
+                    self._running.pop(s.row.id, None)
+            self._wake.set()
+
+    def _write_successes(self, batch: list[_Success]) -> None:
+        now = self.clock()
+        items = [(s.row.id, s.row.claim_token, s.result) for s in batch]
+        try:
+            done = self.store.run_write(
+                lambda conn: lifecycle.complete_many(conn, items, now),
+                within=self.options.stale_after,
+            )
+        except sa.exc.SQLAlchemyError as exc:
+            # As _finish does for one: keep each fenced write for the heartbeat to retry.
+            for s in batch:
+                log.error(
+                    "%s: could not record the outcome yet (%s); it is retried after each heartbeat",
+                    s.label,
+                    exc,
+                    extra=s.extra,
+                )
+                write = functools.partial(
+                    lifecycle.complete,
+                    job_id=s.row.id,
+                    token=s.row.claim_token,
+                    result=s.result,
+                    now=now,
+                )
+                with self._lock:
+                    self._unrecorded.append((s.label, s.extra, write))
+            return
+        for s in batch:
+            if s.row.id in done:
+                self._succeeded(s)
+            else:
+                log.warning(
+                    "%s: lost its claim (rescued or released meanwhile); outcome dropped",
+                    s.label,
+                    extra=s.extra,
+                )
 
     def _record_failure(
         self,
@@ -451,17 +603,34 @@ class Worker:
         *,
         dead: bool = False,
         delay: float = 0.0,
+        error: BaseException | None = None,
     ) -> None:
         now = self.clock()
         record = lifecycle.error_record(row.attempts, kind, message, text, self.id, now)
         spent = row.attempts >= row.max_attempts
         retry_at = None if dead or spent else now + timedelta(seconds=delay)
-        done = self._finish(
-            label,
-            extra,
-            lambda conn: lifecycle.fail(conn, row.id, row.claim_token, record, retry_at, now),
-        )
-        if not done:
+        outcome: dict[str, str] = {}
+
+        def write(conn: Any) -> bool:
+            status = lifecycle.fail(conn, row.id, row.claim_token, record, retry_at, now)
+            if status is not None:
+                outcome["status"] = status
+            return status is not None
+
+        if not self._finish(label, extra, write):
+            return
+        # The stored, escaped message: a lone surrogate would break UTF-8 log handlers.
+        message = record["message"]
+        if outcome.get("status") == JobStatus.CANCELLED.value:
+            log.info(
+                "%s: failed after its cancellation was asked for; job is cancelled: %s: %s",
+                label,
+                kind,
+                message,
+                extra=extra,
+            )
+            self._emit(signals.job_failed, row, error=error)
+            self._emit(signals.job_cancelled, row)
             return
         if retry_at is None:
             log.error("%s: failed, job is dead: %s: %s", label, kind, message, extra=extra)
@@ -469,6 +638,47 @@ class Worker:
             log.warning(
                 "%s: failed, retry in %.1fs: %s: %s", label, delay, kind, message, extra=extra
             )
+        self._emit(signals.job_failed, row, error=error)
+        if retry_at is None:
+            self._emit(signals.job_dead, row, error=error)
+        else:
+            self._emit(signals.job_retried, row, error=error, retry_at=retry_at)
+
+    def _record_cancelled(self, row: Any, label: str, extra: dict[str, Any]) -> bool:
+        now = self.clock()
+        done = self._finish(
+            label,
+            extra,
+            lambda conn: lifecycle.finish_cancelled(conn, row.id, row.claim_token, now),
+        )
+        if done:
+            log.info("%s: stopped for a cancellation; job is cancelled", label, extra=extra)
+            self._emit(signals.job_cancelled, row)
+        return done
+
+    def _emit(self, signal: Any, row: Any, **data: Any) -> None:
+        """Send ``signal`` about the claimed ``row``, in an app context of its own (a
+        receiver may use the app); its failures are logged, the outcome is recorded."""
+        if not signal.receivers:
+            return
+        try:
+            with self.job_context():
+                signals.send(signal, self.store.signal_sender, job=self._context(row), **data)
+        except Exception:
+            log.exception("job=%s: sending %s failed", row.id, signal.name)
+
+    def _context(self, row: Any) -> JobContext:
+        return JobContext(
+            id=row.id,
+            task=row.task,
+            queue=row.queue,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            idempotency_key=row.idempotency_key,
+            worker_id=self.id,
+            claim_token=row.claim_token,
+            store=self.store,
+        )
 
     def _finish(self, label: str, extra: dict[str, Any], write: Callable[[Any], bool]) -> bool:
         try:
@@ -548,6 +758,7 @@ class Worker:
             self._record_late()
             if now - healthy_since >= self.options.stale_after:
                 self.rescue()
+            self._prune_if_due()
 
     def rescue(self) -> list[tuple[int, str, str]]:
         """Take back the running jobs of workers that stopped heartbeating."""
@@ -563,15 +774,137 @@ class Worker:
             return []
         for job_id, status, lost in rescued:
             log.warning("job=%s rescued from lost worker %s: now %s", job_id, lost, status)
+            if signals.job_rescued.receivers:
+                try:
+                    job = self.store.get_job(job_id)
+                    with self.job_context():
+                        signals.send(
+                            signals.job_rescued, self.store.signal_sender, job=job, lost_worker=lost
+                        )
+                except Exception:
+                    log.exception("job=%s: sending the rescue signal failed", job_id)
         if rescued:
             self._wake.set()
         return rescued
+
+    def prune(self) -> retention.Pruned:
+        """One retention round now: delete finished jobs (and effect keys) older than
+        ``SQLQUEUE_KEEP_*``, in batches of short transactions. Workers call it from their
+        heartbeat every ``SQLQUEUE_PRUNE_INTERVAL`` seconds."""
+        within = self.options.heartbeat_interval
+        return retention.prune(
+            lambda fn: self.store.run_write(fn, within=within), self.retention, self.clock()
+        )
+
+    def _prune_if_due(self) -> None:
+        if not self.retention.prunes_anything or time.monotonic() < self._next_prune:
+            return
+        interval = self.store.settings.prune_interval
+        try:
+            pruned = self.prune()
+        except sa.exc.SQLAlchemyError as exc:
+            self._log_db_error("retention", exc)
+            self._next_prune = time.monotonic() + interval
+            return
+        # More due: carry on at the next heartbeat, giving claims the database between.
+        pause = self.options.heartbeat_interval if pruned.more else interval
+        self._next_prune = time.monotonic() + pause * random.uniform(0.9, 1.1)
+        if pruned.total:
+            log.info(
+                "worker %s pruned %d completed, %d cancelled, %d dead job(s), %d effect key(s)",
+                self.id,
+                pruned.completed,
+                pruned.cancelled,
+                pruned.dead,
+                pruned.effects,
+            )
 
     def _log_db_error(self, what: str, exc: Exception) -> None:
         now = time.monotonic()
         if now - self._db_error_logged > 10:  # at most one line per 10 s while it lasts
             self._db_error_logged = now
             log.error("worker %s: database error during %s (will retry): %s", self.id, what, exc)
+
+    # -- timeouts and child processes (isolation.py) -----------------------------------------------
+
+    def _isolated(self, task: Task[Any, Any]) -> bool:
+        return self._isolation is not None and (task.isolate or self.options.processes > 0)
+
+    def _mode(self) -> str:
+        if self.options.processes:
+            return f"processes ({self.options.processes} children)"
+        isolated = sorted(name for name, task in self.registry.items() if self._isolated(task))
+        return f"threads, isolated: {','.join(isolated)}" if isolated else "threads"
+
+    def _start_children(self) -> None:
+        """Start the children of a process-mode worker up front (a child that cannot load
+        the app stops the worker here, with the child's error), and say which timeouts
+        this worker cannot enforce."""
+        if self._isolation is not None:
+            self._isolation.reopen()
+            if self.options.processes:
+                self._isolation.prestart(self.options.processes)
+        soft = sorted(
+            name
+            for name, task in self.registry.items()
+            if task.timeout is not None and not self._isolated(task)
+        )
+        if soft:
+            log.warning(
+                "tasks %s have a timeout but run on threads here, which cannot be stopped: "
+                "an overrun is only logged. Use isolate=True or `flask queue work --processes N` "
+                "to enforce it.",
+                ", ".join(soft),
+            )
+        for name, task in self.registry.items():
+            if task.isolate and self._isolation is None:
+                log.warning(
+                    "task %s: isolate=True, but this worker has no loader; it runs on a thread",
+                    name,
+                )
+
+    def _call(
+        self,
+        task: Task[Any, Any],
+        ctx: JobContext,
+        label: str,
+        args: Any,
+        kwargs: Any,
+    ) -> Any:
+        """Run one attempt: in a child process when isolated, else on this thread."""
+        if self._isolated(task):
+            assert self._isolation is not None
+            return self._isolation.run(
+                ctx, args, kwargs, task.timeout, functools.partial(self._cancel_asked, ctx.id)
+            )
+        if task.timeout is None:
+            return task.fn(*args, **kwargs)
+        # A thread cannot be stopped: an overrun is reported, and the outcome recorded
+        # when the task returns (see docs/timeouts.md).
+        timer = threading.Timer(
+            task.timeout,
+            log.error,
+            (
+                "%s: still running after its timeout of %gs; a thread worker cannot stop it",
+                label,
+                task.timeout,
+            ),
+        )
+        timer.name = f"sqlqueue-timeout-{ctx.id}"
+        timer.daemon = True
+        timer.start()
+        try:
+            return task.fn(*args, **kwargs)
+        finally:
+            timer.cancel()
+
+    def _cancel_asked(self, job_id: int) -> bool:
+        try:
+            with self.store.read() as conn:
+                return bool(lifecycle.cancel_requests(conn, [job_id]))
+        except sa.exc.SQLAlchemyError as exc:
+            self._log_db_error("cancel check", exc)
+            return False
 
     # -- eager mode -------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 from ...exceptions import UnsupportedDatabase
 from ..models import effects
 from ..models import jobs
+from ..models import limits as limits_table
 from .base import CLAIM_COLUMNS
 from .base import PENDING
 from .base import DialectOps
@@ -42,7 +43,21 @@ class MySQLOps(DialectOps):
                 supported=["postgresql>=9.5", "mariadb>=10.6", "mysql>=8.0", "sqlite>=3.35"],
             )
 
-    def claim(
+    def is_deadlock(self, exc: BaseException) -> bool:
+        return getattr(getattr(exc, "orig", None), "args", (None,))[:1] == (_DEADLOCK,)
+
+    def add_seconds(
+        self, moment: sa.ColumnElement[datetime], seconds: sa.ColumnElement[int]
+    ) -> sa.ColumnElement[datetime]:
+        return sa.func.timestampadd(sa.literal_column("SECOND"), seconds, moment, type_=moment.type)
+
+    def seconds_between(
+        self, start: sa.ColumnElement[datetime], end: sa.ColumnElement[datetime]
+    ) -> sa.ColumnElement[float]:
+        elapsed = sa.func.timestampdiff(sa.literal_column("MICROSECOND"), start, end)
+        return sa.type_coerce(elapsed / 1e6, sa.Float)
+
+    def claim_plain(
         self,
         conn: Connection,
         *,
@@ -53,15 +68,15 @@ class MySQLOps(DialectOps):
         queues: Sequence[str],
         tasks: Sequence[str],
     ) -> list[Any]:
-        ids = (
-            conn.execute(
-                claim_candidates(now, limit, queues, tasks).with_for_update(skip_locked=True)
-            )
-            .scalars()
-            .all()
-        )
+        candidates = claim_candidates(now, limit, queues, tasks)
+        ids = [row.id for row in conn.execute(candidates.with_for_update(skip_locked=True))]
         if not ids:
             return []
+        return self.mark_claimed(conn, ids, worker_id=worker_id, token=token, now=now)
+
+    def mark_claimed(
+        self, conn: Connection, ids: Sequence[int], *, worker_id: str, token: str, now: datetime
+    ) -> list[Any]:
         conn.execute(
             sa.update(jobs)
             .where(jobs.c.id.in_(ids), jobs.c.status == PENDING)
@@ -71,6 +86,23 @@ class MySQLOps(DialectOps):
             sa.select(*CLAIM_COLUMNS).where(jobs.c.id.in_(ids), jobs.c.claim_token == token)
         ).all()
         return sorted(rows, key=claim_order)
+
+    def lock_buckets(self, conn: Connection, names: Sequence[str]) -> dict[str, Any]:
+        """``INSERT … ON DUPLICATE KEY UPDATE`` takes the row's exclusive lock at once,
+        whether it inserts or finds the row. (An insert-once that hits a duplicate takes
+        a *shared* lock first; two claims that both then ask for the exclusive one
+        deadlock.)"""
+        if not names:
+            return {}
+        stmt = mysql_insert(limits_table).values([{"name": name, "starts": 0} for name in names])
+        conn.execute(stmt.on_duplicate_key_update(name=stmt.inserted.name))
+        rows = conn.execute(
+            sa.select(limits_table)
+            .where(limits_table.c.name.in_(names))
+            .order_by(limits_table.c.name)
+            .with_for_update()
+        )
+        return {row.name: row for row in rows}
 
     def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
         result = _insert_once(conn, mysql_insert(jobs).values(values))
@@ -82,6 +114,7 @@ class MySQLOps(DialectOps):
 
 
 _DUPLICATE_KEY = 1062
+_DEADLOCK = 1213  # ER_LOCK_DEADLOCK: the server rolled the transaction back
 
 
 def _insert_once(conn: Connection, stmt: sa.Insert) -> sa.CursorResult[Any] | None:

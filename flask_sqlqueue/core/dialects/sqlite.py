@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from datetime import datetime
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -71,3 +73,21 @@ class SQLiteOps(DialectOps):
 
     def read_options(self) -> dict[str, Any]:
         return {_READ: True}
+
+    def add_seconds(
+        self, moment: sa.ColumnElement[datetime], seconds: sa.ColumnElement[int]
+    ) -> sa.ColumnElement[datetime]:
+        # Times are stored as text, 'YYYY-MM-DD HH:MM:SS.ffffff': strftime() adds whole
+        # seconds, and the fraction is copied, since SQLite's date functions keep only
+        # milliseconds. The text then compares with stored times in order.
+        modifier = sa.func.printf("%+d seconds", seconds)
+        shifted = sa.func.strftime("%Y-%m-%d %H:%M:%S", moment, modifier, type_=sa.String)
+        return sa.type_coerce(shifted.concat(sa.func.substr(moment, 20)), moment.type)
+
+    def seconds_between(
+        self, start: sa.ColumnElement[datetime], end: sa.ColumnElement[datetime]
+    ) -> sa.ColumnElement[float]:
+        # SQLite's date functions keep milliseconds; rounding to them drops the error of
+        # julianday()'s floating point days.
+        days = sa.func.julianday(end) - sa.func.julianday(start)
+        return sa.type_coerce(sa.func.round(days * 86_400_000.0) / 1000.0, sa.Float)

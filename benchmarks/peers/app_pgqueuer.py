@@ -1,0 +1,77 @@
+"""PgQueuer as its users run it: ``pgq run benchmarks.peers.app_pgqueuer:main``.
+
+``BENCH_PG_DSN`` names the database; the connection uses asyncpg when it is installed
+(PgQueuer's documented driver), else psycopg.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pgqueuer import PgQueuer
+from pgqueuer.models import Job
+
+from benchmarks.peers.probe import stamp
+
+
+async def connect(dsn: str) -> tuple[Any, Any]:
+    """A PgQueuer driver and the connection under it (to close)."""
+    try:
+        import asyncpg  # type: ignore[import-untyped]
+    except ImportError:
+        import psycopg
+        from pgqueuer.db import PsycopgDriver
+
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+        return PsycopgDriver(conn), conn
+    from pgqueuer.db import AsyncpgDriver
+
+    conn = await asyncpg.connect(dsn)
+    return AsyncpgDriver(conn), conn
+
+
+@asynccontextmanager
+async def main() -> AsyncIterator[PgQueuer]:
+    """The factory ``pgq run`` takes (an async context manager since pgqueuer 1.x)."""
+    driver, conn = await connect(os.environ["BENCH_PG_DSN"])
+    pgq = PgQueuer(driver)
+
+    @pgq.entrypoint("noop")
+    async def noop(job: Job) -> None:
+        """Does nothing."""
+
+    @pgq.entrypoint("probe")
+    async def probe(job: Job) -> None:
+        assert job.payload is not None
+        stamp(job.payload.decode())
+
+    try:
+        yield pgq
+    finally:
+        await conn.close()
+
+
+def run_worker() -> None:
+    """What ``pgq run benchmarks.peers.app_pgqueuer:main`` does, with the CLI's defaults.
+
+    The ``pgq`` command of pgqueuer 1.6.0 exits at start-up with the typer release it
+    installs (its ``--log-level`` parser hands ``setup_fancy_logger`` a ``str``), so the
+    worker calls the same supervisor through PgQueuer's Python API, on uvloop as the CLI.
+    """
+    import asyncio
+
+    from pgqueuer import run
+
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(run("benchmarks.peers.app_pgqueuer:main"))
+    else:
+        uvloop.run(run("benchmarks.peers.app_pgqueuer:main"))
+
+
+if __name__ == "__main__":
+    run_worker()

@@ -1,0 +1,175 @@
+"""The ceilings: a queue written straight on sqlite3 or psycopg, with batched claims.
+
+    python -m benchmarks.peers.raw_worker sqlite PATH
+    python -m benchmarks.peers.raw_worker postgres DSN
+
+A worker claims up to 100 jobs in one statement, runs them, and records all of them
+completed in one transaction. SQLite runs in WAL mode with ``synchronous=FULL`` and takes
+its write lock up front (``BEGIN IMMEDIATE``); PostgreSQL claims with ``FOR UPDATE SKIP
+LOCKED``. There is no heartbeat, retry, rescue or fencing: this is what the database
+allows, not a queue to use.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+BATCH = 100
+
+SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS raw_jobs (
+    id INTEGER PRIMARY KEY,
+    queue TEXT NOT NULL,
+    task TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    priority INTEGER NOT NULL DEFAULT 0,
+    run_at REAL NOT NULL,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    result TEXT
+);
+CREATE INDEX IF NOT EXISTS raw_jobs_claim ON raw_jobs (queue, status, priority DESC, run_at, id);
+"""
+
+POSTGRES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS raw_jobs (
+    id BIGSERIAL PRIMARY KEY,
+    queue TEXT NOT NULL,
+    task TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    priority INTEGER NOT NULL DEFAULT 0,
+    run_at TIMESTAMPTZ NOT NULL,
+    created_at TIMESTAMPTZ NOT NULL,
+    started_at TIMESTAMPTZ,
+    finished_at TIMESTAMPTZ,
+    result TEXT
+);
+CREATE INDEX IF NOT EXISTS raw_jobs_claim ON raw_jobs (queue, status, priority DESC, run_at, id);
+"""
+
+INSERT_SQLITE = (
+    "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
+    "VALUES ('default', ?, ?, 'pending', ?, ?)"
+)
+INSERT_POSTGRES = (
+    "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
+    "VALUES ('default', %s, %s, 'pending', now(), now())"
+)
+
+CLAIM_SQLITE = f"""
+UPDATE raw_jobs SET status = 'running', attempts = attempts + 1, started_at = ?
+WHERE id IN (
+    SELECT id FROM raw_jobs
+    WHERE queue = 'default' AND status = 'pending' AND run_at <= ?
+    ORDER BY priority DESC, run_at, id LIMIT {BATCH}
+)
+RETURNING id, task, payload
+"""
+CLAIM_POSTGRES = f"""
+UPDATE raw_jobs SET status = 'running', attempts = attempts + 1, started_at = now()
+WHERE id IN (
+    SELECT id FROM raw_jobs
+    WHERE queue = 'default' AND status = 'pending' AND run_at <= now()
+    ORDER BY priority DESC, run_at, id LIMIT {BATCH}
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING id, task, payload
+"""
+COMPLETE_SQLITE = (
+    "UPDATE raw_jobs SET status = 'completed', finished_at = ?, result = ? "
+    "WHERE id = ? AND status = 'running'"
+)
+COMPLETE_POSTGRES = (
+    "UPDATE raw_jobs SET status = 'completed', finished_at = now(), result = %s "
+    "WHERE id = %s AND status = 'running'"
+)
+
+
+def noop() -> None:
+    """Does nothing."""
+
+
+TASKS: dict[str, Callable[..., Any]] = {"noop": noop}
+PAYLOAD = json.dumps({"args": [], "kwargs": {}})
+
+
+def sqlite_connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, timeout=30)
+    conn.execute("PRAGMA busy_timeout=30000")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    return conn
+
+
+def sqlite_setup(path: str) -> None:
+    conn = sqlite_connect(path)
+    conn.executescript(SQLITE_SCHEMA)
+    conn.close()
+
+
+def run(rows: list[Any]) -> list[tuple[str | None, int]]:
+    done: list[tuple[str | None, int]] = []
+    for job_id, task, payload in rows:
+        body = json.loads(payload)
+        value = TASKS[task](*body["args"], **body["kwargs"])
+        done.append((json.dumps(value), job_id))
+    return done
+
+
+def work_sqlite(path: str, stopping: list[bool]) -> None:
+    conn = sqlite_connect(path)
+    while not stopping:
+        now = time.time()
+        conn.execute("BEGIN IMMEDIATE")
+        rows = conn.execute(CLAIM_SQLITE, (now, now)).fetchall()
+        conn.execute("COMMIT")
+        if not rows:
+            time.sleep(0.01)
+            continue
+        done = run(rows)
+        finished = time.time()
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(COMPLETE_SQLITE, [(finished, result, job_id) for result, job_id in done])
+        conn.execute("COMMIT")
+
+
+def work_postgres(dsn: str, stopping: list[bool]) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        while not stopping:
+            with conn.transaction():
+                rows = conn.execute(CLAIM_POSTGRES).fetchall()
+            if not rows:
+                time.sleep(0.01)
+                continue
+            done = run(rows)
+            with conn.transaction(), conn.cursor() as cur:
+                cur.executemany(COMPLETE_POSTGRES, done)
+
+
+def main() -> None:
+    kind, target = sys.argv[1], sys.argv[2]
+    stopping: list[bool] = []
+    # Finish the batch in hand, then exit: a claimed batch is never left running.
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    if kind == "sqlite":
+        work_sqlite(target, stopping)
+    else:
+        work_postgres(target, stopping)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,524 @@
+"""Attempts run in child processes: hard timeouts, forcible cancellation, crash isolation.
+
+Python cannot stop a thread, so a task whose attempts must be stoppable runs them in a
+child process (``isolate=True``, or every task under ``flask queue work --processes N``).
+The worker process stays the parent: it claims, heartbeats and records every outcome
+through its usual fenced writes; the children only run tasks.
+
+Each child is long-lived. It is started with ``spawn`` (``fork`` is unsafe in a parent
+that runs threads and holds database connections; a fork server would be one more
+process whose death, say by a SIGTERM sent to the whole group, leaves the parent unable
+to tell whether a child still runs), loads the app once through a picklable
+:class:`RuntimeLoader`, then runs one attempt at a time sent over a pipe. A child thrown
+away is replaced at once, in the background, so the next attempt rarely waits for one.
+``current_job`` works inside it, and ``reserve_effect`` writes through the child's own
+engine, fenced by the attempt's claim token as in a thread.
+
+The parent waits for the outcome and, while it waits, enforces the task's ``timeout``
+and polls the job's cancel request. To stop an attempt it sends :data:`STOP_SIGNAL` (the
+task's ``finally`` blocks run), then SIGKILL after :data:`KILL_GRACE` seconds, and throws
+that child away. Children ignore SIGTERM and SIGINT: those reach a whole process group
+or service (Ctrl-C, systemd), and only the worker decides what its stop does to running
+attempts (its grace period). A child that dies on its own (a segfault,
+``os._exit``, the OOM killer) is a failed attempt, never a lost worker. A child whose
+parent died exits by itself within a second.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
+from typing import Any
+from typing import NamedTuple
+from typing import Protocol
+
+from ..exceptions import ClaimLost
+from ..exceptions import ConfigurationError
+from ..exceptions import JobCancelled
+from ..exceptions import PayloadError
+from ..exceptions import PermanentFailure
+from ..exceptions import Retry
+from . import logcontext
+from .context import JobContext
+from .context import _current
+from .payload import encode_value
+
+if TYPE_CHECKING:
+    from .store import Store
+    from .tasks import Task
+
+log = logging.getLogger("flask_sqlqueue.worker")
+
+#: How the worker asks a child to stop its attempt (SIGTERM is ignored, see above).
+STOP_SIGNAL = signal.SIGUSR1
+#: Seconds between STOP_SIGNAL and SIGKILL when an attempt is stopped.
+KILL_GRACE = 1.0
+#: Seconds between two checks of a running isolated job's cancel request.
+CANCEL_POLL = 1.0
+#: Seconds a new child may take to load the app before it counts as failed.
+START_TIMEOUT = 120.0
+#: The error type recorded for an attempt stopped at its timeout.
+TIMEOUT_KIND = "JobTimeout"
+#: The error type recorded for an attempt whose process died on its own.
+DIED_KIND = "JobProcessDied"
+#: The error type recorded when no child process could be started for an attempt.
+START_KIND = "JobProcessStartFailed"
+
+_MAX_TRACEBACK = 50_000  # the worker's cap on a stored traceback
+
+
+class ChildRuntime(NamedTuple):
+    """What a child process needs to run tasks, built once in the child."""
+
+    store: Store
+    registry: Mapping[str, Task[Any, Any]]
+    #: Called once per attempt; the task runs inside what it returns (an app context).
+    job_context: Callable[[], AbstractContextManager[Any]]
+
+
+class RuntimeLoader(Protocol):
+    """Builds the :class:`ChildRuntime` in a child. Must be picklable: the Flask glue
+    passes one that loads the app the way ``flask`` loaded it in the worker."""
+
+    def __call__(self) -> ChildRuntime: ...
+
+
+class AttemptFailed(Exception):
+    """An attempt that failed in a child process (or was stopped there), as the parent
+    records it: the error type, message and traceback are the child's, not this class's."""
+
+    def __init__(self, kind: str, message: str, text: str = "") -> None:
+        Exception.__init__(self, message)
+        self.kind = kind
+        self.message = message
+        self.text = text
+
+
+class _PermanentAttemptFailed(AttemptFailed, PermanentFailure):
+    """The task raised :class:`PermanentFailure` in its child."""
+
+
+class _RetryAttemptFailed(AttemptFailed, Retry):
+    """The task raised :class:`Retry` in its child."""
+
+    def __init__(self, kind: str, message: str, text: str, delay: float) -> None:
+        AttemptFailed.__init__(self, kind, message, text)
+        self.delay = delay
+        self.reason = message
+
+
+class _Unstorable:
+    """A result the child could not store as JSON; the worker logs it and stores none."""
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+
+    def __repr__(self) -> str:
+        return self.description
+
+
+class _Terminated(BaseException):
+    """Raised in a child's main thread by STOP_SIGNAL: unwind the task, then exit."""
+
+
+# -- the parent side ---------------------------------------------------------------------
+
+
+class _Child:
+    """One child process and the parent's end of its pipe."""
+
+    def __init__(self, mp: Any, loader: RuntimeLoader, number: int) -> None:
+        self.conn, theirs = mp.Pipe()
+        self.process = mp.Process(
+            target=child_main,
+            args=(theirs, loader, _log_levels()),
+            name=f"sqlqueue-child-{number}",
+        )
+        self.process.start()
+        theirs.close()
+        self.ready = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid  # type: ignore[no-any-return]
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait for the child to have loaded the app; :class:`AttemptFailed` if it could not."""
+        if self.ready:
+            return
+        try:
+            if not self.conn.poll(timeout):
+                raise AttemptFailed(START_KIND, f"the child did not start within {timeout:g}s")
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            raise AttemptFailed(START_KIND, f"the child {self._exit_text()}") from None
+        if message[0] != "ready":
+            text = str(message[1])
+            raise AttemptFailed(
+                START_KIND, f"the child could not load the app: {_last(text)}", text
+            )
+        self.ready = True
+
+    def run(
+        self,
+        message: tuple[Any, ...],
+        timeout: float | None,
+        cancelled: Callable[[], bool],
+        job_id: int,
+    ) -> tuple[Any, ...]:
+        """Send one attempt and wait for its outcome, stopping the child at the timeout or
+        on a cancel request."""
+        self.conn.send(message)
+        started = time.monotonic()
+        deadline = math.inf if timeout is None else started + timeout
+        next_check = started + CANCEL_POLL
+        while True:
+            wait = max(0.0, min(deadline, next_check) - time.monotonic())
+            try:
+                if self.conn.poll(wait):
+                    return self.conn.recv()  # type: ignore[no-any-return]
+            except (EOFError, OSError):
+                self.stop(KILL_GRACE)  # reaps it, so the exit code is known
+                raise AttemptFailed(
+                    DIED_KIND, f"the process running the attempt {self._exit_text()}"
+                ) from None
+            now = time.monotonic()
+            if now >= deadline:
+                assert timeout is not None
+                self.stop(KILL_GRACE)
+                raise AttemptFailed(TIMEOUT_KIND, f"timed out after {timeout:g}s")
+            if now >= next_check:
+                next_check = now + CANCEL_POLL
+                if cancelled():
+                    self.stop(KILL_GRACE)
+                    raise JobCancelled(
+                        job_id, f"Job {job_id} was cancelled; its process was stopped."
+                    )
+
+    def stop(self, grace: float) -> None:
+        """STOP_SIGNAL, then SIGKILL after ``grace`` seconds; reap it either way."""
+        process = self.process
+        if process.is_alive():
+            try:
+                os.kill(process.pid, STOP_SIGNAL)
+            except ProcessLookupError:
+                pass  # it ended meanwhile
+            process.join(grace)
+        if process.is_alive():
+            process.kill()
+            process.join(10)
+        self.conn.close()
+
+    def shut_down(self, grace: float) -> None:
+        """Ask an idle child to exit, then make sure it did."""
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass  # already gone
+        self.process.join(grace)
+        self.stop(grace)
+
+    def _exit_text(self) -> str:
+        self.process.join(1)
+        code = self.process.exitcode
+        if code is None:
+            return "closed its pipe"
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+
+
+class Isolation:
+    """The worker's child processes: at most one per job thread, reused between attempts.
+
+    :param loader: builds the app in each child (picklable).
+    """
+
+    def __init__(self, loader: RuntimeLoader) -> None:
+        self.loader = loader
+        self._mp = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._idle: list[_Child] = []
+        self._busy: set[_Child] = set()
+        self._started = 0
+        self._closing = False
+        # multiprocessing joins live non-daemon children at exit, and an idle child waits
+        # for work forever: stop ours first (atexit runs the last registered first).
+        atexit.register(self.close)
+
+    def reopen(self) -> None:
+        """Start and keep children again after :meth:`close` (a worker run again)."""
+        with self._lock:
+            self._closing = False
+
+    def prestart(self, n: int) -> None:
+        """Start ``n`` children and wait until each has loaded the app.
+
+        :raises ConfigurationError: a child could not load the app (nothing is left running).
+        """
+        children = [self._new_child() for _ in range(n)]
+        try:
+            for child in children:
+                child.wait_ready(START_TIMEOUT)
+        except AttemptFailed as exc:
+            for child in children:
+                child.stop(KILL_GRACE)
+            detail = f"\n{exc.text.rstrip()}" if exc.text else ""
+            raise ConfigurationError(
+                f"The worker's child processes cannot run tasks: {exc.message}.{detail}"
+            ) from None
+        with self._lock:
+            self._idle.extend(children)
+
+    def run(
+        self,
+        ctx: JobContext,
+        args: tuple[Any, ...] | list[Any],
+        kwargs: Mapping[str, Any],
+        timeout: float | None,
+        cancelled: Callable[[], bool],
+    ) -> Any:
+        """Run one attempt in a child; return the task's value or raise what the worker
+        records: :class:`AttemptFailed` (with the child's error), its permanent and retry
+        forms, :class:`ClaimLost` or :class:`JobCancelled`."""
+        message = ("run", _fields(ctx), list(args), dict(kwargs))
+        child = self._acquire()
+        try:
+            try:
+                outcome = child.run(message, timeout, cancelled, ctx.id)
+            except (BrokenPipeError, ConnectionResetError):
+                # It died while idle, before the attempt began: a fresh child runs it.
+                child.stop(KILL_GRACE)
+                self._release(child, keep=False)
+                child = self._acquire()
+                outcome = child.run(message, timeout, cancelled, ctx.id)
+        except BaseException:
+            self._release(child, keep=False)
+            if self._closing:
+                # The worker is shutting down and handed this job back already.
+                raise ClaimLost(ctx.id) from None
+            raise
+        self._release(child, keep=True)
+        return _outcome(outcome, ctx.id)
+
+    def close(self) -> None:
+        """Stop every child: idle ones politely, busy ones (past the grace) at once."""
+        with self._lock:
+            self._closing = True
+            idle, self._idle = self._idle, []
+            busy = list(self._busy)
+        for child in busy:
+            child.stop(KILL_GRACE)
+        for child in idle:
+            child.shut_down(KILL_GRACE)
+
+    def _new_child(self) -> _Child:
+        with self._lock:
+            self._started += 1
+            number = self._started
+        return _Child(self._mp, self.loader, number)
+
+    def _acquire(self) -> _Child:
+        """An idle child (or a new one) that has loaded the app, marked busy."""
+        child = None
+        with self._lock:
+            while self._idle and child is None:
+                candidate = self._idle.pop()
+                if candidate.process.is_alive():
+                    child = candidate
+                else:
+                    candidate.stop(0)
+            if child is not None:
+                self._busy.add(child)
+        if child is None:
+            child = self._new_child()
+            with self._lock:
+                self._busy.add(child)
+        try:  # a spare may still be loading the app
+            child.wait_ready(START_TIMEOUT)
+        except AttemptFailed:
+            self._release(child, keep=False)
+            raise
+        return child
+
+    def _release(self, child: _Child, *, keep: bool) -> None:
+        with self._lock:
+            self._busy.discard(child)
+            if keep and not self._closing:
+                self._idle.append(child)
+                return
+            replace = not keep and not self._closing
+        child.stop(KILL_GRACE)
+        if replace:
+            # Start its successor now: it loads the app while this outcome is recorded
+            # and the next job claimed. (Readiness is awaited when it is first used.)
+            spare = self._new_child()
+            with self._lock:
+                if not self._closing:
+                    self._idle.append(spare)
+                    return
+            spare.stop(0)
+
+
+def _fields(ctx: JobContext) -> dict[str, Any]:
+    """The attempt's context as plain values the child can rebuild it from."""
+    return {
+        f.name: getattr(ctx, f.name)
+        for f in dataclasses.fields(ctx)
+        if f.name != "store" and not f.name.startswith("_")
+    }
+
+
+def _outcome(outcome: tuple[Any, ...], job_id: int) -> Any:
+    kind = outcome[0]
+    if kind == "ok":
+        return outcome[1]
+    if kind == "unstorable":
+        return _Unstorable(outcome[1])
+    _, mode, error_kind, message, text, delay = outcome
+    if mode == "claim_lost":
+        raise ClaimLost(job_id)
+    if mode == "cancelled":
+        raise JobCancelled(job_id, message)
+    if mode == "permanent":
+        raise _PermanentAttemptFailed(error_kind, message, text)
+    if mode == "retry":
+        raise _RetryAttemptFailed(error_kind, message, text, delay)
+    raise AttemptFailed(error_kind, message, text)
+
+
+def _last(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "unknown error"
+
+
+def _log_levels() -> tuple[int, int]:
+    return logging.getLogger().level, logging.getLogger("flask_sqlqueue").level
+
+
+# -- the child side ----------------------------------------------------------------------
+
+
+def child_main(conn: Connection, loader: RuntimeLoader, levels: tuple[int, int]) -> None:
+    """A child's whole life: load the app, then run attempts until told to stop."""
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the worker
+    # decides what happens to running attempts (its grace period), not the children.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(STOP_SIGNAL, _on_stop)
+    threading.Thread(target=_watch_parent, name="sqlqueue-child-watch", daemon=True).start()
+    try:
+        _configure_logging(levels)
+        try:
+            runtime = loader()
+        except Exception:
+            conn.send(("failed", traceback.format_exc()))
+            return
+        logcontext.install()  # the app's log lines inside a task name the job, as on a thread
+        conn.send(("ready", os.getpid()))
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return  # the parent is gone or closed the pipe
+            if message is None:
+                return
+            conn.send(_run(runtime, message))
+    except _Terminated:
+        os._exit(128 + STOP_SIGNAL)
+
+
+def _on_stop(_signum: int, _frame: Any) -> None:
+    raise _Terminated
+
+
+def _watch_parent() -> None:
+    # A parent killed with SIGKILL cannot stop its children; they must not run on,
+    # unsupervised, while the job is rescued and run again elsewhere.
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        parent.join()  # returns when the worker's end of the sentinel pipe closes
+        os._exit(1)
+
+
+def _configure_logging(levels: tuple[int, int]) -> None:
+    root_level, queue_level = levels
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(root_level)
+    logging.getLogger("flask_sqlqueue").setLevel(queue_level)
+
+
+def _run(runtime: ChildRuntime, message: tuple[Any, ...]) -> tuple[Any, ...]:
+    _, fields, args, kwargs = message
+    task = runtime.registry.get(fields["task"])
+    if task is None:
+        return ("error", "error", "UnknownTask", f"no task {fields['task']!r} in the child", "", 0)
+    ctx = JobContext(**fields, store=runtime.store)
+    outcome: tuple[Any, ...] | None = None
+    try:
+        with runtime.job_context():
+            reset = _current.set(ctx)
+            try:
+                outcome = _success(task.fn(*args, **kwargs))
+            except _Terminated:
+                raise
+            except BaseException as exc:  # a task's SystemExit must not end the child
+                outcome = _failure(exc)
+            finally:
+                _current.reset(reset)
+                close = getattr(ctx, "close", None)
+                if close is not None:
+                    close()  # the last progress report lands before the outcome
+    except _Terminated:
+        raise
+    except Exception as exc:
+        if outcome is None:
+            outcome = _failure(exc)
+        else:
+            log.warning("job=%s: job context failed on exit: %r", ctx.id, exc)
+    assert outcome is not None
+    return outcome
+
+
+def _success(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ("ok", None)
+    try:
+        encode_value(value)
+    except PayloadError as exc:
+        return ("unstorable", str(exc))
+    return ("ok", value)
+
+
+def _failure(exc: BaseException) -> tuple[Any, ...]:
+    kind = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    text = "".join(traceback.format_exception(exc))[-_MAX_TRACEBACK:]
+    delay = 0.0
+    if isinstance(exc, ClaimLost):
+        mode = "claim_lost"
+    elif isinstance(exc, JobCancelled):
+        mode = "cancelled"
+    elif isinstance(exc, PermanentFailure):
+        mode = "permanent"
+    elif isinstance(exc, Retry):
+        mode, delay = "retry", exc.delay
+    else:
+        mode = "error"
+    return ("error", mode, kind, str(exc), text, delay)

@@ -1,0 +1,404 @@
+"""Periodic tasks: cron schedules turned into jobs, each time slot exactly once.
+
+Every worker runs a small scheduler (a thread that wakes about once a second, or at the
+next slot if that comes sooner). There is no leader that could die: any number of
+schedulers may see the same slot, and the database lets one job through, because the
+job for a slot carries the idempotency key ``sqlqueue:periodic:<task>:<slot in UTC>``
+and that column is unique.
+
+Slots are computed in the schedule's time zone (so ``0 9 * * *`` in ``Europe/Paris``
+stays at 09:00 local time across daylight-saving changes, with Debian cron's rules for
+the skipped and repeated hour) from the database's clock, so hosts with skewed clocks
+agree on which slot is due.
+
+Which slots a scheduler enqueues:
+
+- ``backfill=False`` (the default): a slot whose time came at most
+  :data:`MISFIRE_GRACE` ago. A slot that no scheduler saw within that grace (every
+  worker was down) is skipped; the next one runs as usual.
+- ``backfill=True``: on start, also the slots missed since the newest slot ever
+  enqueued for the task, at most ``backfill_limit`` of them (the newest ones) and none
+  older than ``backfill_window``; afterwards any slot missed while this scheduler could
+  not reach the database, within the same bounds. A schedule that never enqueued a
+  slot has nothing to catch up on. Keep ``backfill_window`` shorter than the time
+  finished jobs are kept: a slot whose job was deleted could be enqueued again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import re
+import threading
+from collections.abc import Callable
+from collections.abc import Iterable
+from collections.abc import Iterator
+from collections.abc import Mapping
+from dataclasses import dataclass
+from dataclasses import field
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
+from datetime import tzinfo
+from typing import TYPE_CHECKING
+from typing import Any
+from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfoNotFoundError
+
+import sqlalchemy as sa
+from cronsim import CronSim
+from cronsim import CronSimError
+from sqlalchemy.engine import Connection
+
+from ..exceptions import ConfigurationError
+from ..exceptions import SQLQueueError
+from .enqueue import EnqueueOptions
+from .models import jobs
+from .payload import encode_payload
+
+if TYPE_CHECKING:
+    from .jobs import Job
+    from .store import Store
+    from .tasks import Task
+
+log = logging.getLogger("flask_sqlqueue.periodic")
+
+#: How late a slot may be enqueued without ``backfill`` (a worker restarting across a
+#: slot still runs it, late); older slots are skipped.
+MISFIRE_GRACE = timedelta(seconds=60)
+#: With ``backfill=True``: at most this many missed slots are enqueued...
+DEFAULT_BACKFILL_LIMIT = 10
+#: ...and none older than this.
+DEFAULT_BACKFILL_WINDOW = timedelta(days=1)
+#: The scheduler looks at the clock at least this often (seconds).
+TICK = 1.0
+#: Every periodic job's idempotency key starts with this.
+KEY_PREFIX = "sqlqueue:periodic:"
+
+_SLOT_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+_SLOT_TEXT = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+_MAX_KEY = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """When a periodic task runs and with which arguments. Build it with :meth:`create`."""
+
+    task: str
+    expression: str
+    timezone: str
+    zone: tzinfo = field(repr=False)
+    payload: str = field(repr=False)
+    backfill: bool = False
+    backfill_limit: int = DEFAULT_BACKFILL_LIMIT
+    backfill_window: timedelta = DEFAULT_BACKFILL_WINDOW
+
+    @classmethod
+    def create(
+        cls,
+        task: str,
+        expression: str,
+        *,
+        timezone: str = "UTC",
+        fn: Callable[..., Any] | None = None,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        backfill: bool = False,
+        backfill_limit: int = DEFAULT_BACKFILL_LIMIT,
+        backfill_window: timedelta | float = DEFAULT_BACKFILL_WINDOW,
+    ) -> Schedule:
+        """Check everything now, so a bad schedule fails at import, not at 3 a.m.
+
+        :param expression: a cron expression: 5 fields (minute hour day month weekday),
+            or 6 with seconds first; ``L``, ``W`` and ``#`` as in cronsim.
+        :param timezone: an IANA zone name (``"Europe/Paris"``); slots are local times there.
+        :param fn: the task's function; ``args`` and ``kwargs`` must fit its signature.
+        :raises ConfigurationError: the expression, zone, arguments or bounds are invalid.
+        """
+        if not isinstance(expression, str) or not expression.strip():
+            raise ConfigurationError(
+                f"Periodic task {task!r}: schedule {expression!r} is not a cron expression; "
+                "use 5 fields like '*/5 * * * *'."
+            )
+        if not isinstance(timezone, str) or not timezone:
+            raise ConfigurationError(
+                f"Periodic task {task!r}: timezone={timezone!r} must be an IANA zone name "
+                "such as 'UTC' or 'Europe/Paris'."
+            )
+        try:
+            zone: tzinfo = UTC if timezone == "UTC" else ZoneInfo(timezone)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ConfigurationError(
+                f"Periodic task {task!r} (schedule {expression!r}): unknown timezone "
+                f"{timezone!r}; use an IANA zone name such as 'UTC' or 'Europe/Paris' "
+                "(install the tzdata package where the system has no zone database)."
+            ) from exc
+        try:
+            first = next(CronSim(expression, datetime.now(UTC).astimezone(zone)), None)
+        except CronSimError as exc:
+            raise ConfigurationError(
+                f"Periodic task {task!r}: {expression!r} is not a valid cron expression "
+                f"({exc}); use 5 fields: minute hour day-of-month month day-of-week, "
+                "like '*/5 * * * *'."
+            ) from exc
+        if first is None:
+            raise ConfigurationError(
+                f"Periodic task {task!r}: cron expression {expression!r} never fires."
+            )
+        if type(backfill) is not bool:
+            raise ConfigurationError(f"backfill={backfill!r} must be True or False.")
+        if type(backfill_limit) is not int or backfill_limit < 1:
+            raise ConfigurationError(
+                f"backfill_limit={backfill_limit!r} must be a whole number >= 1."
+            )
+        if isinstance(backfill_window, int | float) and not isinstance(backfill_window, bool):
+            backfill_window = timedelta(seconds=backfill_window)
+        if not isinstance(backfill_window, timedelta) or backfill_window <= timedelta(0):
+            raise ConfigurationError(
+                f"backfill_window={backfill_window!r} must be a positive timedelta or seconds."
+            )
+        if isinstance(args, str | bytes):
+            raise ConfigurationError(f"args={args!r} must be a list of arguments.")
+        args = tuple(args)
+        kwargs = dict(kwargs or {})
+        if fn is not None:
+            try:
+                inspect.signature(fn).bind(*args, **kwargs)
+            except TypeError as exc:
+                raise ConfigurationError(
+                    f"Periodic task {task!r}: args={list(args)!r} kwargs={kwargs!r} do not fit "
+                    f"its signature: {exc}."
+                ) from None
+            except ValueError:
+                pass  # no signature to check (a builtin): the call shows it
+        return cls(
+            task=task,
+            expression=expression,
+            timezone=timezone,
+            zone=zone,
+            payload=encode_payload(args, kwargs),
+            backfill=backfill,
+            backfill_limit=backfill_limit,
+            backfill_window=backfill_window,
+        )
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def slots(self, after: datetime, until: datetime) -> Iterator[datetime]:
+        """Slots (aware UTC datetimes) with ``after < slot <= until``, oldest first."""
+        for local in CronSim(self.expression, after.astimezone(self.zone)):
+            slot = local.astimezone(UTC)
+            if slot <= after:  # cronsim drops microseconds from its start
+                continue
+            if slot > until:
+                return
+            yield slot
+
+    def next_slot(self, after: datetime) -> datetime | None:
+        """The first slot after ``after``, in UTC (``None`` if there is none for 50 years)."""
+        for local in CronSim(self.expression, after.astimezone(self.zone)):
+            slot = local.astimezone(UTC)
+            if slot > after:
+                return slot
+        return None
+
+    # -- keys -------------------------------------------------------------------------------
+
+    @property
+    def key_prefix(self) -> str:
+        prefix = f"{KEY_PREFIX}{self.task}:"
+        if len(prefix) + 20 > _MAX_KEY:  # a very long task name: hash it to fit the column
+            prefix = f"{KEY_PREFIX}sha1:{hashlib.sha1(self.task.encode()).hexdigest()}:"
+        return prefix
+
+    def key(self, slot: datetime) -> str:
+        """The idempotency key of the job for ``slot``: unique per task and slot."""
+        return self.key_prefix + slot.astimezone(UTC).strftime(_SLOT_FORMAT)
+
+    def slot_of(self, key: str) -> datetime | None:
+        """The slot a key of this schedule stands for, or ``None``."""
+        rest = key.removeprefix(self.key_prefix)
+        if rest == key or not _SLOT_TEXT.fullmatch(rest):
+            return None
+        return datetime.strptime(rest, _SLOT_FORMAT).replace(tzinfo=UTC)
+
+
+def newest_slot(conn: Connection, schedule: Schedule) -> datetime | None:
+    """The newest slot ever enqueued for ``schedule`` whose job still exists."""
+    pattern = _escape_like(schedule.key_prefix) + "%"
+    rows = conn.execute(
+        sa.select(jobs.c.idempotency_key)
+        .where(jobs.c.task == schedule.task, jobs.c.idempotency_key.like(pattern, escape="!"))
+        # Backfills insert oldest first and racing schedulers insert close together, so
+        # the newest slot is among the newest rows; keys are compared in Python, not by
+        # the database's collation.
+        .order_by(jobs.c.id.desc())
+        .limit(100)
+    ).scalars()
+    slots = [slot for key in rows if (slot := schedule.slot_of(key)) is not None]
+    return max(slots, default=None)
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    """One schedule as ``flask queue periodic`` and the admin show it."""
+
+    schedule: Schedule
+    queue: str
+    next_run: datetime | None
+    last_slot: datetime | None
+
+    @property
+    def next_run_local(self) -> datetime | None:
+        return None if self.next_run is None else self.next_run.astimezone(self.schedule.zone)
+
+
+def describe(
+    store: Store, registry: Mapping[str, Task[Any, Any]], now: datetime | None = None
+) -> list[ScheduleInfo]:
+    """Every schedule in ``registry`` with its next run and the newest slot enqueued."""
+    now = now or store.now()
+    tasks = scheduled_tasks(registry)
+    if not tasks:
+        return []
+    with store.read() as conn:
+        return [
+            ScheduleInfo(
+                schedule=task.schedule,
+                queue=task.options.queue or "default",
+                next_run=task.schedule.next_slot(now),
+                last_slot=newest_slot(conn, task.schedule),
+            )
+            for task in tasks
+            if task.schedule is not None
+        ]
+
+
+def scheduled_tasks(registry: Mapping[str, Task[Any, Any]]) -> list[Task[Any, Any]]:
+    """The tasks in ``registry`` that have a schedule, by name."""
+    return [
+        task for _, task in sorted(registry.items()) if getattr(task, "schedule", None) is not None
+    ]
+
+
+def enqueue_slot(store: Store, task: Task[Any, Any], schedule: Schedule, slot: datetime) -> Job:
+    """The job of ``slot``: written now, or the one written before (same key)."""
+    # run_at is the slot itself: a late or backfilled slot runs at once, in slot order.
+    options = task.options.merged(EnqueueOptions(idempotency_key=schedule.key(slot), run_at=slot))
+    return store.enqueue(task.name, schedule.payload, options)
+
+
+class Scheduler:
+    """Enqueues the due slots of every schedule in ``registry``; see the module docs.
+
+    :meth:`tick` is one pass; :meth:`start` runs it on a thread until ``stop`` is set.
+
+    :param clock: the current aware UTC time (default: the database's clock).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Mapping[str, Task[Any, Any]],
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.store = store
+        self.tasks = scheduled_tasks(registry)
+        self.clock = clock or store.now
+        #: Per task: every slot up to this time has been dealt with.
+        self._cursor: dict[str, datetime] = {}
+
+    def tick(self, now: datetime | None = None) -> float:
+        """Enqueue every due slot; return the seconds until the next pass is needed.
+
+        A slot that could not be written (the database is down) is tried again on the
+        next pass; one that another scheduler wrote first is not written again.
+        """
+        now = now or self.clock()
+        wait = TICK
+        for task in self.tasks:
+            schedule = task.schedule
+            assert schedule is not None
+            try:
+                self._enqueue_due(task, schedule, now)
+            except (sa.exc.SQLAlchemyError, SQLQueueError) as exc:
+                log.error("periodic task %s: could not enqueue (will retry): %s", task.name, exc)
+                continue
+            upcoming = schedule.next_slot(now)
+            if upcoming is not None:
+                wait = min(wait, (upcoming - now).total_seconds())
+        return max(wait, 0.01)
+
+    def _enqueue_due(self, task: Task[Any, Any], schedule: Schedule, now: datetime) -> None:
+        cursor = self._cursor.get(task.name)
+        if cursor is None:
+            cursor = now - MISFIRE_GRACE
+            if schedule.backfill:
+                with self.store.read() as conn:
+                    newest = newest_slot(conn, schedule)
+                if newest is not None:
+                    cursor = max(newest, now - schedule.backfill_window)
+        elif schedule.backfill:
+            cursor = max(cursor, now - schedule.backfill_window)
+        else:
+            cursor = max(cursor, now - MISFIRE_GRACE)
+        due = list(schedule.slots(cursor, now))
+        if schedule.backfill and len(due) > schedule.backfill_limit:
+            skipped = len(due) - schedule.backfill_limit
+            log.warning(
+                "periodic task %s: %d missed slot(s) before %s are past backfill_limit=%d; skipped",
+                task.name,
+                skipped,
+                due[skipped].strftime(_SLOT_FORMAT),
+                schedule.backfill_limit,
+            )
+            due = due[skipped:]
+        if due:
+            with self.store.read() as conn:
+                taken = set(
+                    conn.execute(
+                        sa.select(jobs.c.idempotency_key).where(
+                            jobs.c.idempotency_key.in_([schedule.key(slot) for slot in due])
+                        )
+                    ).scalars()
+                )
+            for slot in due:
+                key = schedule.key(slot)
+                if key not in taken:
+                    self._enqueue(task, schedule, slot, key)
+                # Advance slot by slot: a failure leaves the rest for the next pass.
+                self._cursor[task.name] = slot
+        self._cursor[task.name] = max(now, self._cursor.get(task.name, now))
+
+    def _enqueue(self, task: Task[Any, Any], schedule: Schedule, slot: datetime, key: str) -> None:
+        before = self.store.now()
+        job = enqueue_slot(self.store, task, schedule, slot)
+        if job.created_at >= before:  # not one another scheduler wrote first
+            log.info("periodic task %s: slot %s enqueued as job %s", task.name, key, job.id)
+
+    def start(self, stop: threading.Event) -> threading.Thread | None:
+        """Run :meth:`tick` on a daemon thread until ``stop`` is set; ``None`` without
+        schedules. Join the thread after setting ``stop``."""
+        if not self.tasks:
+            return None
+        thread = threading.Thread(
+            target=self._loop, args=(stop,), name="sqlqueue-periodic", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def _loop(self, stop: threading.Event) -> None:
+        wait = 0.0
+        while not stop.wait(wait):
+            try:
+                wait = self.tick()
+            except Exception:
+                # Never let the scheduler die with the worker still serving.
+                log.exception("periodic scheduler: unexpected error; retrying")
+                wait = TICK

@@ -1,0 +1,260 @@
+"""Prometheus metrics for the queue. Needs ``pip install 'flask-sqlqueue[prometheus]'``.
+
+Two sources, one registry:
+
+- :class:`QueueCollector` reads the queue's tables at each scrape: jobs by queue and
+  status, jobs eligible now (queue depth) and the age of the oldest eligible job. Any
+  process can serve these (the web app, a sidecar).
+- :class:`JobCounters` counts what the signals report in *this* process: enqueued jobs,
+  attempts by outcome with their durations, retries, dead and rescued jobs. Serve them
+  from the worker processes (``prometheus_client.start_http_server``).
+
+::
+
+    from flask_sqlqueue.metrics import QueueMetrics
+
+    metrics = QueueMetrics(app)                 # both, on a registry of its own
+    app.register_blueprint(
+        queue.metrics_blueprint(authorize=lambda: True), url_prefix="/queue-metrics"
+    )                                           # GET /queue-metrics/metrics
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+from typing import Any
+
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import Counter
+    from prometheus_client import Histogram
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "flask_sqlqueue.metrics needs prometheus_client, which is not installed; "
+        "install it with: pip install 'flask-sqlqueue[prometheus]'"
+    ) from exc
+
+import sqlalchemy as sa
+from flask import Blueprint
+from flask import Flask
+from flask import Response
+from flask import abort
+from flask import current_app
+
+from .core import queries
+from .core import signals
+from .core.models import JobStatus
+from .core.models import jobs
+
+if TYPE_CHECKING:
+    from .extension import _State
+
+__all__ = ["JobCounters", "QueueCollector", "QueueMetrics", "create_blueprint", "metrics_for"]
+
+#: Seconds; from a fast callback to a long report.
+DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+_EXTENSION_KEY = "sqlqueue_metrics"
+
+
+def _state(app: Flask) -> _State:
+    state = app.extensions.get("sqlqueue")
+    if state is None:
+        raise RuntimeError("SQLQueue is not set up on this app; call queue.init_app(app) first.")
+    return state  # type: ignore[no-any-return]
+
+
+class QueueCollector(Collector):
+    """Gauges read from the queue's database at each scrape (two grouped queries)."""
+
+    def __init__(self, app: Flask) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        store = _state(self.app).store
+        now = store.now()
+        with store.read() as conn:
+            by_queue = queries.status(conn, now)
+            eligible = dict(
+                conn.execute(
+                    sa.select(jobs.c.queue, sa.func.count())
+                    .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
+                    .group_by(jobs.c.queue)
+                ).all()
+            )
+        counts = GaugeMetricFamily(
+            "sqlqueue_jobs",
+            "Jobs in the queue's table, by queue and status.",
+            labels=["queue", "status"],
+        )
+        depth = GaugeMetricFamily(
+            "sqlqueue_queue_depth", "Pending jobs eligible to run now.", labels=["queue"]
+        )
+        oldest = GaugeMetricFamily(
+            "sqlqueue_oldest_eligible_age_seconds",
+            "How long the oldest eligible pending job has waited (0 when none waits).",
+            labels=["queue"],
+        )
+        for row in by_queue:
+            for status in {*(s.value for s in JobStatus), *row.counts}:
+                counts.add_metric([row.queue, status], row.counts.get(status, 0))
+            depth.add_metric([row.queue], int(eligible.get(row.queue, 0)))
+            age = (
+                0.0 if row.oldest_eligible is None else (now - row.oldest_eligible).total_seconds()
+            )
+            oldest.add_metric([row.queue], max(age, 0.0))
+        yield counts
+        yield depth
+        yield oldest
+
+
+class JobCounters:
+    """Counters and a duration histogram fed by the queue's signals in this process."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ["queue", "task"]
+        self.enqueued = Counter(
+            "sqlqueue_jobs_enqueued", "Jobs enqueued.", labels, registry=registry
+        )
+        self.attempts = Counter(
+            "sqlqueue_attempts",
+            "Attempts that ended, by outcome (succeeded, failed, cancelled).",
+            [*labels, "outcome"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "sqlqueue_attempt_duration_seconds",
+            "How long attempts ran, by outcome.",
+            [*labels, "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.retried = Counter(
+            "sqlqueue_jobs_retried", "Failed attempts retried.", labels, registry=registry
+        )
+        self.dead = Counter("sqlqueue_jobs_dead", "Jobs that went dead.", labels, registry=registry)
+        self.rescued = Counter(
+            "sqlqueue_jobs_rescued", "Jobs taken back from lost workers.", labels, registry=registry
+        )
+        self._started: dict[tuple[int, int], float] = {}
+        self._lock = threading.Lock()
+        self._receivers: list[tuple[Any, Callable[..., None]]] = []
+
+    def connect(self, sender: Any = None) -> JobCounters:
+        """Start counting (signals from ``sender`` only, or from any sender)."""
+        pairs: list[tuple[Any, Callable[..., None]]] = [
+            (signals.job_enqueued, self._on_enqueued),
+            (signals.job_started, self._on_started),
+            (signals.job_succeeded, self._ended("succeeded")),
+            (signals.job_failed, self._ended("failed")),
+            (signals.job_cancelled, self._ended("cancelled")),
+            (signals.job_retried, self._count(self.retried)),
+            (signals.job_dead, self._count(self.dead)),
+            (signals.job_rescued, self._count(self.rescued)),
+        ]
+        for signal, receiver in pairs:
+            if sender is None:
+                signal.connect(receiver, weak=False)
+            else:
+                signal.connect(receiver, sender=sender, weak=False)
+            self._receivers.append((signal, receiver))
+        return self
+
+    def disconnect(self) -> None:
+        for signal, receiver in self._receivers:
+            signal.disconnect(receiver)
+        self._receivers.clear()
+
+    def _on_enqueued(self, _sender: Any, *, job: Any, **_: Any) -> None:
+        self.enqueued.labels(job.queue, job.task).inc()
+
+    def _on_started(self, _sender: Any, *, job: Any, **_: Any) -> None:
+        with self._lock:
+            self._started[(job.id, job.attempts)] = time.monotonic()
+
+    def _ended(self, outcome: str) -> Callable[..., None]:
+        def receiver(_sender: Any, *, job: Any, **_: Any) -> None:
+            with self._lock:
+                began = self._started.pop((job.id, job.attempts), None)
+            self.attempts.labels(job.queue, job.task, outcome).inc()
+            if began is not None:
+                self.duration.labels(job.queue, job.task, outcome).observe(time.monotonic() - began)
+
+        return receiver
+
+    def _count(self, counter: Counter) -> Callable[..., None]:
+        def receiver(_sender: Any, *, job: Any, **_: Any) -> None:
+            if job is not None:
+                counter.labels(job.queue, job.task).inc()
+
+        return receiver
+
+
+class QueueMetrics:
+    """:class:`QueueCollector` and :class:`JobCounters` for ``app`` on one registry.
+
+    :param registry: default: a registry of its own. Pass
+        ``prometheus_client.REGISTRY`` to serve them with the process's other metrics.
+    """
+
+    def __init__(self, app: Flask, registry: CollectorRegistry | None = None) -> None:
+        self.app = app
+        self.registry = CollectorRegistry() if registry is None else registry
+        self.collector = QueueCollector(app)
+        self.registry.register(self.collector)
+        self.counters = JobCounters(self.registry).connect(sender=app)
+
+    def latest(self) -> bytes:
+        """The metrics in Prometheus' text format."""
+        return generate_latest(self.registry)
+
+    def close(self) -> None:
+        """Stop counting and unregister everything from the registry."""
+        self.counters.disconnect()
+        self.registry.unregister(self.collector)
+        for metric in (
+            self.counters.enqueued,
+            self.counters.attempts,
+            self.counters.duration,
+            self.counters.retried,
+            self.counters.dead,
+            self.counters.rescued,
+        ):
+            self.registry.unregister(metric)
+
+
+def metrics_for(app: Flask) -> QueueMetrics:
+    """The app's :class:`QueueMetrics`, made on first use (on a registry of its own)."""
+    found = app.extensions.get(_EXTENSION_KEY)
+    if found is None:
+        found = app.extensions[_EXTENSION_KEY] = QueueMetrics(app)
+    return found
+
+
+def create_blueprint(authorize: Callable[[], Any] | None = None) -> Blueprint:
+    """A blueprint serving ``GET /metrics`` in Prometheus' text format.
+
+    Closed by default like the admin: every request calls ``authorize()`` and gets 403
+    when it returns something falsy or when no ``authorize`` is given.
+    """
+    bp = Blueprint("sqlqueue_metrics", __name__)
+
+    @bp.record_once
+    def _start_counting(state: Any) -> None:
+        metrics_for(state.app)
+
+    @bp.get("/metrics")
+    def metrics() -> Response:
+        if authorize is None or not authorize():
+            abort(403, "Pass authorize= to metrics_blueprint() to say who may read the metrics.")
+        app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
+        return Response(metrics_for(app).latest(), content_type=CONTENT_TYPE_LATEST)
+
+    return bp
