@@ -238,3 +238,34 @@ def test_a_rescued_job_keeps_its_place_in_line(make_app: Any) -> None:
         assert sample_app.queue.worker(app=app).run_once()
         assert first.refresh().status is JobStatus.COMPLETED
         assert second.refresh().status is JobStatus.PENDING
+
+
+def test_an_unexpected_error_while_recording_hands_the_job_back(
+    make_app: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug (not a database error) while recording must not strand the job as running
+    while its worker heartbeats on: the attempt counts as failed and the job runs again."""
+    from flask_sqlqueue.core import lifecycle
+
+    real = lifecycle.complete
+    calls = []
+
+    def broken_once(*args: Any, **kwargs: Any) -> bool:
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in recording")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "complete", broken_once)
+    app = make_app()
+    with app.app_context(), caplog.at_level(logging.WARNING, logger="flask_sqlqueue"):
+        job = sample_app.add.enqueue(2, 3)
+        with running_worker(app, poll_interval=0.05):
+            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job to finish")
+    assert job.attempts == 2 and job.result == 5
+    (record,) = job.errors
+    assert record["type"] == "OutcomeNotRecorded"
+    assert "a bug in recording" in record["message"]
+    assert any(
+        "outcome not recorded; the job is now pending" in r.getMessage() for r in caplog.records
+    )

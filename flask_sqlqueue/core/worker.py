@@ -15,6 +15,7 @@ import os
 import queue as queue_module
 import random
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -391,10 +392,29 @@ class Worker:
             try:
                 self._execute(row)
             except Exception:
-                # Never lose a job thread: the job stays running and will be rescued.
+                # Never lose a job thread, nor strand the job as running while this worker
+                # heartbeats (no one would rescue it): hand it back to run again.
                 log.exception("job=%s: unexpected error while recording its outcome", row.id)
+                self._hand_back(row, sys.exc_info()[1])
             finally:
                 self._wake.set()
+
+    def _hand_back(self, row: Any, error: BaseException | None) -> None:
+        """Count the attempt of a job whose outcome could not be recorded as failed, so it
+        runs again (or goes dead when its attempts are spent, so a bug cannot loop)."""
+        now = self.clock()
+        text = f"outcome not recorded: {error!r}"
+        record = lifecycle.error_record(row.attempts, "OutcomeNotRecorded", text, "", self.id, now)
+        retry_at = None if row.attempts >= row.max_attempts else now
+        try:
+            status = self.store.run_write(
+                lambda conn: lifecycle.fail(conn, row.id, row.claim_token, record, retry_at, now)
+            )
+        except Exception:
+            log.exception("job=%s could not be handed back; it stays running", row.id)
+            return
+        if status is not None:
+            log.warning("job=%s: outcome not recorded; the job is now %s", row.id, status)
 
     def _finish_running(self) -> None:
         """Wait up to the grace period for running jobs, then hand back the rest."""
@@ -546,6 +566,10 @@ class Worker:
         """Record successful outcomes in one transaction, each fenced by its own claim."""
         try:
             self._write_successes(batch)
+        except Exception:
+            log.exception("recording %d outcome(s) failed unexpectedly", len(batch))
+            for s in batch:
+                self._hand_back(s.row, sys.exc_info()[1])
         finally:
             # Their threads' slots are free only now, so the worker never holds more
             # running jobs than it has threads.
