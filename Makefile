@@ -19,8 +19,9 @@ demo: $(STAMP)
 	$(BIN)/python -m example_app.demo
 
 ## make test: linters, type checks, then the test suite.
-## PYTEST_ARGS overrides the defaults, e.g. PYTEST_ARGS="-n 0 -k worker".
-PYTEST_ARGS ?= -n 2
+## PYTEST_ARGS overrides the defaults, e.g. PYTEST_ARGS="-n 0 -k worker". Four test
+## processes on two cores: most tests wait on worker processes and database servers.
+PYTEST_ARGS ?= -n 4
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -32,6 +32,7 @@ from .core.enqueue import EnqueueOptions
 from .core.limits import with_limit_key
 from .core.models import JobStatus
 from .core.payload import encode_payload
+from .core.tasks import task_timeouts
 from .core.worker import WorkerOptions
 from .exceptions import SQLQueueError
 
@@ -297,6 +298,10 @@ def _echo_controls(state: _State, now: datetime) -> None:
         click.echo(f"paused {name}: since {_when(since)} UTC (no worker claims its jobs)")
     for info in buckets:
         click.echo(f"limit {info.label}: {info.summary}")
+    for name, timeout, isolated in task_timeouts(state.queue.registry):
+        limit = "no timeout" if timeout is None else f"timeout {timeout:g}s"
+        where = "enforced (isolate=True)" if isolated else "enforced only with --processes"
+        click.echo(f"task {name}: {limit}, {where}")
 
 
 def _echo_schedules(state: _State, now: datetime) -> None:

@@ -394,3 +394,21 @@ def test_a_child_that_cannot_load_the_app_stops_a_process_worker_at_start(
     assert isolated.last_error.startswith(
         "JobProcessStartFailed: the child could not load the app: RuntimeError: this app refuses"
     )
+
+
+def test_status_and_dashboard_say_which_timeouts_are_enforced(tapp: Flask) -> None:
+    output = tapp.test_cli_runner().invoke(args=["queue", "status"]).output
+    assert "task tests.timeouts_app.stuck: timeout 1s, enforced (isolate=True)" in output
+    assert (
+        "task tests.timeouts_app.stuck_anywhere: timeout 1s, enforced only with --processes"
+        in output
+    )
+    assert "task tests.timeouts_app.exits: no timeout, enforced (isolate=True)" in output
+    assert "tests.timeouts_app.quick" not in output  # neither a timeout nor isolated
+
+    tapp.secret_key = "test"
+    tapp.register_blueprint(tasks.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q")
+    page = tapp.test_client().get("/q/").get_data(as_text=True)
+    assert "Workers prune finished jobs: completed and cancelled 7d, dead 30d" in page
+    assert "tests.timeouts_app.stuck_anywhere</a>" in page
+    assert "enforced only there" in page

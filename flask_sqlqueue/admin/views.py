@@ -32,7 +32,9 @@ from ..core import limits
 from ..core import periodic
 from ..core import queries
 from ..core import queues as queues_module
+from ..core import retention
 from ..core.models import JobStatus
+from ..core.tasks import task_timeouts
 from ..exceptions import SQLQueueError
 from . import csrf
 
@@ -271,6 +273,8 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
             queue_names=sorted({q.queue for q in by_queue} | set(paused)),
             limits=buckets,
             schedules=schedules,
+            retention=retention.describe(retention.RetentionPolicy.from_settings(st.settings)),
+            timeouts=task_timeouts(queue.registry),
         )
 
     @bp.get("/metrics")

@@ -220,3 +220,13 @@ class TaskRegistry(Mapping[str, Task[Any, Any]]):
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def task_timeouts(registry: Mapping[str, Task[..., Any]]) -> list[tuple[str, float | None, bool]]:
+    """``(task, timeout, enforced)`` for each task with a timeout or isolation: a timeout
+    is enforced only when the attempt runs in a child process (``isolate=True``)."""
+    return [
+        (name, task.timeout, task.isolate)
+        for name, task in sorted(registry.items())
+        if task.timeout is not None or task.isolate
+    ]
