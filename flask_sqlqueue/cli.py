@@ -294,6 +294,14 @@ def _echo_controls(state: _State, now: datetime) -> None:
     with state.store.read() as conn:
         paused = paused_queues(conn)
         buckets = limits.describe(conn, state.queue.registry, now)
+        stopping = queries.cancel_requested_running(conn)
+    if stopping:
+        shown = ", ".join(str(job_id) for job_id in stopping[:10])
+        more = f" and {len(stopping) - 10} more" if len(stopping) > 10 else ""
+        click.echo(
+            f"cancel requested: running job(s) {shown}{more} "
+            "(each stops when its task checks current_job.cancel_requested)"
+        )
     for name, since in paused.items():
         click.echo(f"paused {name}: since {_when(since)} UTC (no worker claims its jobs)")
     for info in buckets:

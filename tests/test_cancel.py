@@ -62,11 +62,18 @@ def test_a_task_that_ignores_the_request_finishes_normally(control_app: Flask) -
         job = c.waits.enqueue("all of it")
     with c.running_worker(app):
         assert c.started.wait(c.WAIT)
+        before = app.test_cli_runner().invoke(args=["queue", "status"]).output
         cancel_cli(app, job.id)
+        status = app.test_cli_runner().invoke(args=["queue", "status"]).output
         c.go.set()
         c.wait_for(lambda: c.row(app, job.id).status != "running")
     assert job.refresh().status is JobStatus.COMPLETED
     assert job.result == "all of it"
+    # flask queue status lists running jobs asked to stop, while they run.
+    assert "cancel requested" not in before
+    assert f"cancel requested: running job(s) {job.id} (each stops when" in status
+    after = app.test_cli_runner().invoke(args=["queue", "status"]).output
+    assert "cancel requested" not in after
 
 
 def test_a_failed_attempt_after_a_request_is_not_retried(control_app: Flask) -> None:  # noqa: F811

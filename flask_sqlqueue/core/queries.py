@@ -650,3 +650,14 @@ def queue_counts(
         ).all()
     )
     return [QueueCounts(q, counts[q], frozenset(capped[q]), _aware(oldest.get(q))) for q in names]
+
+
+def cancel_requested_running(conn: Connection) -> list[int]:
+    """Ids of running jobs asked to stop, oldest request first (through the status index:
+    only running jobs are read)."""
+    query = (
+        sa.select(jobs.c.id)
+        .where(jobs.c.status == JobStatus.RUNNING.value, jobs.c.cancel_requested_at.is_not(None))
+        .order_by(jobs.c.cancel_requested_at, jobs.c.id)
+    )
+    return list(conn.execute(query).scalars())
