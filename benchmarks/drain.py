@@ -34,9 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -46,26 +43,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-@contextmanager
-def fresh_database(url: str) -> Iterator[str]:
-    """A database of its own for one run: a temp file, or a server database dropped after."""
-    parsed = sa.make_url(url)
-    if parsed.get_backend_name() == "sqlite":
-        with tempfile.TemporaryDirectory() as folder:
-            yield f"sqlite:///{Path(folder) / 'drain.db'}"
-        return
-    name = f"sqlqueue_drain_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(parsed, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    try:
-        yield parsed.set(database=name).render_as_string(hide_password=False)
-    finally:
-        force = " WITH (FORCE)" if admin.dialect.name == "postgresql" else ""
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}{force}")
-        admin.dispose()
+from benchmarks.chaos import fresh_database  # noqa: E402  (needs ROOT on the path)
 
 
 def fill(url: str, jobs: int, batch: int) -> float:
@@ -237,7 +215,10 @@ def main() -> None:
         for concurrency in concurrencies:
             drains, processes, fills = [], [], []
             for _ in range(args.runs):
-                with fresh_database(url) as fresh:
+                with (
+                    tempfile.TemporaryDirectory() as folder,
+                    fresh_database(url, Path(folder), "drain") as fresh,
+                ):
                     fills.append(args.jobs / fill(fresh, args.jobs, args.batch))
                     figures = drain(fresh, args.jobs, concurrency, args.profile, args.out)
                 drains.append(figures["drain"])

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 from typing import ParamSpec
 from typing import TypeVar
+from typing import Unpack
 from typing import overload
 
 from flask import Blueprint
@@ -43,6 +44,7 @@ from .core.periodic import DEFAULT_BACKFILL_WINDOW
 from .core.periodic import Schedule
 from .core.store import Store
 from .core.tasks import Task
+from .core.tasks import TaskOptions
 from .core.tasks import TaskRegistry
 from .core.tasks import check_timeout
 from .core.worker import Worker
@@ -232,15 +234,7 @@ class SQLQueue:
         backfill_limit: int = DEFAULT_BACKFILL_LIMIT,
         backfill_window: timedelta | float = DEFAULT_BACKFILL_WINDOW,
         name: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        backoff: BackoffFunc | None = None,
-        timeout: float | None = None,
-        isolate: bool = False,
-        concurrency: int | None = None,
-        concurrency_key: Callable[..., object] | None = None,
-        rate_limit: tuple[int, float | timedelta] | None = None,
+        **options: Unpack[TaskOptions],
     ) -> Callable[[Callable[P, R]], Task[P, R]]:
         """Register a task that the workers also enqueue on a cron schedule.
 
@@ -265,7 +259,11 @@ class SQLQueue:
         :raises ConfigurationError: invalid expression, unknown zone, arguments that do
             not fit the function, or the task options' own errors.
         """
-        check_options(queue=queue, priority=priority, max_attempts=max_attempts)
+        check_options(
+            queue=options.get("queue"),
+            priority=options.get("priority"),
+            max_attempts=options.get("max_attempts"),
+        )
 
         def register(function: Callable[P, R]) -> Task[P, R]:
             if isinstance(function, Task):
@@ -285,18 +283,7 @@ class SQLQueue:
                 backfill_limit=backfill_limit,
                 backfill_window=backfill_window,
             )
-            task = self.task(
-                name=task_name,
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-                backoff=backoff,
-                timeout=timeout,
-                isolate=isolate,
-                concurrency=concurrency,
-                concurrency_key=concurrency_key,
-                rate_limit=rate_limit,
-            )(function)
+            task = self.task(name=task_name, **options)(function)
             task.schedule = plan
             return task
 

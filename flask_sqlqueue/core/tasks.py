@@ -14,6 +14,7 @@ from typing import Any
 from typing import Generic
 from typing import ParamSpec
 from typing import Protocol
+from typing import TypedDict
 from typing import TypeVar
 
 from sqlalchemy.engine import Connection
@@ -154,6 +155,21 @@ class Task(Generic[P, R]):
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
+
+
+class TaskOptions(TypedDict, total=False):
+    """The options of ``@queue.task`` other than ``name``, for declarations that pass them
+    on (``@queue.periodic``); each is described there."""
+
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    backoff: BackoffFunc | None
+    timeout: float | None
+    isolate: bool
+    concurrency: int | None
+    concurrency_key: Callable[..., object] | None
+    rate_limit: tuple[int, float | timedelta] | None
 
 
 def check_timeout(timeout: object) -> None:

@@ -588,14 +588,7 @@ class Worker:
                 within=self.options.stale_after,
             )
         except sa.exc.SQLAlchemyError as exc:
-            # As _finish does for one: keep each fenced write for the heartbeat to retry.
             for s in batch:
-                log.error(
-                    "%s: could not record the outcome yet (%s); it is retried after each heartbeat",
-                    s.label,
-                    exc,
-                    extra=s.extra,
-                )
                 write = functools.partial(
                     lifecycle.complete,
                     job_id=s.row.id,
@@ -603,18 +596,13 @@ class Worker:
                     result=s.result,
                     now=now,
                 )
-                with self._lock:
-                    self._unrecorded.append((s.label, s.extra, write))
+                self._retry_later(s.label, s.extra, write, exc)
             return
         for s in batch:
             if s.row.id in done:
                 self._succeeded(s)
             else:
-                log.warning(
-                    "%s: lost its claim (rescued or released meanwhile); outcome dropped",
-                    s.label,
-                    extra=s.extra,
-                )
+                _log_claim_lost(s.label, s.extra)
 
     def _record_failure(
         self,
@@ -709,24 +697,25 @@ class Worker:
             # Keep trying while we may still own the claim; past that it will be rescued.
             done = bool(self.store.run_write(write, within=self.options.stale_after))
         except sa.exc.SQLAlchemyError as exc:
-            # Giving up would strand the row as running: while this worker lives and
-            # heartbeats, nobody rescues it. Keep the (fenced) write; the heartbeat retries it.
-            log.error(
-                "%s: could not record the outcome yet (%s); it is retried after each heartbeat",
-                label,
-                exc,
-                extra=extra,
-            )
-            with self._lock:
-                self._unrecorded.append((label, extra, write))
+            self._retry_later(label, extra, write, exc)
             return False
         if not done:
-            log.warning(
-                "%s: lost its claim (rescued or released meanwhile); outcome dropped",
-                label,
-                extra=extra,
-            )
+            _log_claim_lost(label, extra)
         return done
+
+    def _retry_later(
+        self, label: str, extra: dict[str, Any], write: Callable[[Any], bool], exc: Exception
+    ) -> None:
+        """Keep an outcome's (fenced) write for the heartbeat to retry: giving up would
+        strand the row as running, and nobody rescues a job whose worker heartbeats."""
+        log.error(
+            "%s: could not record the outcome yet (%s); it is retried after each heartbeat",
+            label,
+            exc,
+            extra=extra,
+        )
+        with self._lock:
+            self._unrecorded.append((label, extra, write))
 
     # -- heartbeat and rescue -------------------------------------------------------------------
 
@@ -745,11 +734,7 @@ class Worker:
             if done:
                 log.warning("%s: outcome recorded once the database was back", label, extra=extra)
             else:
-                log.warning(
-                    "%s: lost its claim (rescued or released meanwhile); outcome dropped",
-                    label,
-                    extra=extra,
-                )
+                _log_claim_lost(label, extra)
 
     def _heartbeat_loop(self) -> None:
         interval = self.options.heartbeat_interval
@@ -954,3 +939,9 @@ class Worker:
             self._running[row.id] = token
         self._execute(row)
         return True
+
+
+def _log_claim_lost(label: str, extra: dict[str, Any]) -> None:
+    log.warning(
+        "%s: lost its claim (rescued or released meanwhile); outcome dropped", label, extra=extra
+    )
