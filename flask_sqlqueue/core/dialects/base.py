@@ -8,6 +8,7 @@ subclass overrides only what its database does differently.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from collections.abc import Mapping
@@ -56,7 +57,7 @@ CLAIM_COLUMNS = (
 
 
 def claim_candidates(
-    now: datetime, limit: int, queues: Sequence[str], tasks: Sequence[str]
+    now: datetime | Any, limit: int | Any, queues: Sequence[str], tasks: Sequence[str]
 ) -> sa.Select[tuple[int]]:
     """The ids of the next eligible jobs, in the order the contract promises.
 
@@ -76,7 +77,7 @@ def claim_candidates(
     )
 
 
-def claim_values(worker_id: str, token: str, now: datetime) -> dict[str, Any]:
+def claim_values(worker_id: str | Any, token: str | Any, now: datetime | Any) -> dict[str, Any]:
     return {
         "status": RUNNING,
         "attempts": jobs.c.attempts + 1,
@@ -92,6 +93,34 @@ def claim_order(row: Row[Any]) -> tuple[int, int]:
     claims only as many as it has free threads), so priority, then id, is enough; no
     timestamp is decoded on the hot path, nor can a hand-edited one break a claim."""
     return (-row.priority, row.id)
+
+
+@functools.lru_cache(maxsize=64)
+def _plain_claim(skip_locked: bool, queues: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
+    """The plain claim for one worker's queues and tasks, built once: building it per
+    claim cost more than running it. ``now``, ``limit``, ``worker_id`` and ``token`` are
+    bound per execution."""
+    now = sa.bindparam("now", type_=jobs.c.run_at.type)
+    candidates = claim_candidates(now, sa.bindparam("limit", type_=sa.Integer), queues, tasks)
+    if skip_locked:
+        # ``= ANY(ARRAY(subquery))`` runs the subquery exactly once (an InitPlan).
+        # PostgreSQL may re-run an ``IN (subquery)`` for every outer row (a nested-loop
+        # semi join), and with SKIP LOCKED each run finds rows the previous one locked
+        # past: ``LIMIT 1`` then claimed every pending job.
+        locked = candidates.with_for_update(skip_locked=True).scalar_subquery()
+        # Re-check the status: at READ COMMITTED the row may have moved on since the
+        # subquery's snapshot.
+        chosen = sa.and_(jobs.c.id == sa.any_(sa.func.array(locked)), jobs.c.status == PENDING)
+    else:
+        # One writer and one statement (SQLite): the subquery's rows are still
+        # pending, and an outer status test would make SQLite scan every pending row.
+        chosen = jobs.c.id.in_(candidates.scalar_subquery())
+    values = claim_values(
+        sa.bindparam("worker_id", type_=jobs.c.worker_id.type),
+        sa.bindparam("token", type_=jobs.c.claim_token.type),
+        now,
+    )
+    return sa.update(jobs).where(chosen).values(values).returning(*CLAIM_COLUMNS)
 
 
 #: Looks at the head of the line per claim, each past the buckets the last found full.
@@ -112,14 +141,21 @@ def _excluding(full: set[Bucket], limited: Mapping[str, TaskLimits]) -> Any:
     return sa.not_(sa.or_(*(bucket_where(b, limited[b[0]]) for b in sorted(full, key=str))))
 
 
-def insert_once(stmt: Any, conn: Connection, unique: sa.Column[Any]) -> int | None:
+@functools.cache
+def _insert_once_statement(insert: Callable[..., Any], unique: sa.Column[Any]) -> Any:
+    # Built once: constructing the statement per call cost more than executing it.
+    table = unique.table
+    return insert(table).on_conflict_do_nothing(index_elements=[unique]).returning(table.c.id)
+
+
+def insert_once(
+    insert: Callable[..., Any], conn: Connection, unique: sa.Column[Any], values: dict[str, Any]
+) -> int | None:
     """``INSERT … ON CONFLICT DO NOTHING RETURNING id``: the new id, or ``None`` on a duplicate.
 
     RETURNING rather than rowcount, which some drivers report as -1 here.
     """
-    row = conn.execute(
-        stmt.on_conflict_do_nothing(index_elements=[unique]).returning(unique.table.c.id)
-    ).first()
+    row = conn.execute(_insert_once_statement(insert, unique), values).first()
     return None if row is None else int(row[0])
 
 
@@ -228,28 +264,10 @@ class DialectOps:
         tasks: Sequence[str],
     ) -> list[Any]:
         """The claim of a worker none of whose tasks is limited: one statement."""
-        candidates = claim_candidates(now, limit, queues, tasks)
-        if self.skip_locked:
-            # ``= ANY(ARRAY(subquery))`` runs the subquery exactly once (an InitPlan).
-            # PostgreSQL may re-run an ``IN (subquery)`` for every outer row (a nested-loop
-            # semi join), and with SKIP LOCKED each run finds rows the previous one locked
-            # past: ``LIMIT 1`` then claimed every pending job.
-            locked = candidates.with_for_update(skip_locked=True).scalar_subquery()
-            # Re-check the status: at READ COMMITTED the row may have moved on since the
-            # subquery's snapshot.
-            chosen = sa.and_(jobs.c.id == sa.any_(sa.func.array(locked)), jobs.c.status == PENDING)
-        else:
-            # One writer and one statement (SQLite): the subquery's rows are still
-            # pending, and an outer status test would make SQLite scan every pending row.
-            chosen = jobs.c.id.in_(candidates.scalar_subquery())
-        stmt = (
-            sa.update(jobs)
-            .where(chosen)
-            .values(claim_values(worker_id, token, now))
-            .returning(*CLAIM_COLUMNS)
-        )
+        stmt = _plain_claim(self.skip_locked, tuple(queues), tuple(tasks))
+        params = {"now": now, "limit": limit, "worker_id": worker_id, "token": token}
         # RETURNING order is unspecified; restore the claim order.
-        return sorted(conn.execute(stmt).all(), key=claim_order)
+        return sorted(conn.execute(stmt, params).all(), key=claim_order)
 
     def claim_limited(
         self,
@@ -407,9 +425,9 @@ class DialectOps:
 
     def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
         """Insert a job; return its id, or ``None`` if its idempotency key already exists."""
-        return insert_once(type(self).insert(jobs).values(values), conn, jobs.c.idempotency_key)
+        return insert_once(type(self).insert, conn, jobs.c.idempotency_key, values)
 
     def insert_effect(self, conn: Connection, key: str, job_id: int, now: datetime) -> bool:
         """Insert an effect key; ``False`` if it was reserved before."""
-        stmt = type(self).insert(effects).values(key=key, job_id=job_id, created_at=now)
-        return insert_once(stmt, conn, effects.c.key) is not None
+        values = {"key": key, "job_id": job_id, "created_at": now}
+        return insert_once(type(self).insert, conn, effects.c.key, values) is not None

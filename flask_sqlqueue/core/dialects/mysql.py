@@ -105,19 +105,28 @@ class MySQLOps(DialectOps):
         return {row.name: row for row in rows}
 
     def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
-        result = _insert_once(conn, mysql_insert(jobs).values(values))
+        if values.get("idempotency_key") is None:  # nothing to collide with: no savepoint
+            return int(conn.execute(_INSERT_JOB, values).inserted_primary_key[0])  # type: ignore[index]
+        result = _insert_once(conn, _INSERT_JOB, values)
         return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
 
     def insert_effect(self, conn: Connection, key: str, job_id: int, now: datetime) -> bool:
-        stmt = mysql_insert(effects).values(key=key, job_id=job_id, created_at=now)
-        return _insert_once(conn, stmt) is not None
+        values = {"key": key, "job_id": job_id, "created_at": now}
+        return _insert_once(conn, _INSERT_EFFECT, values) is not None
 
 
 _DUPLICATE_KEY = 1062
 _DEADLOCK = 1213  # ER_LOCK_DEADLOCK: the server rolled the transaction back
 
 
-def _insert_once(conn: Connection, stmt: sa.Insert) -> sa.CursorResult[Any] | None:
+# Built once: constructing an INSERT per call cost more than executing it.
+_INSERT_JOB = mysql_insert(jobs)
+_INSERT_EFFECT = mysql_insert(effects)
+
+
+def _insert_once(
+    conn: Connection, stmt: sa.Insert, values: dict[str, Any]
+) -> sa.CursorResult[Any] | None:
     """Insert, or ``None`` on a duplicate key.
 
     Not ``ON DUPLICATE KEY UPDATE``: with the FOUND_ROWS flag SQLAlchemy sets, its rowcount
@@ -125,7 +134,7 @@ def _insert_once(conn: Connection, stmt: sa.Insert) -> sa.CursorResult[Any] | No
     """
     try:
         with conn.begin_nested():
-            return conn.execute(stmt)
+            return conn.execute(stmt, values)
     except sa.exc.IntegrityError as exc:
         if getattr(exc.orig, "args", (None,))[0] == _DUPLICATE_KEY:
             return None
