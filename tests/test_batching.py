@@ -1,4 +1,4 @@
-"""The worker's hot path: completions recorded in group commits, still fenced by claim;
+"""The worker's hot path: completions recorded with the next claim, still fenced by claim;
 SQLite writers of one process queueing in-process instead of in SQLite's busy handler."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import QueueUnavailable
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import lifecycle
-from flask_sqlqueue.core.groupcommit import GroupCommit
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.store import Store
@@ -36,44 +35,71 @@ def wait_for(predicate: Any, what: str) -> None:
         time.sleep(0.02)
 
 
-# -- the group commit itself ---------------------------------------------------------------
+# -- successes ride on the next claim's transaction ----------------------------------------------
 
 
-def test_items_that_arrive_during_a_flush_share_the_next_one() -> None:
-    batches: list[list[int]] = []
-    first_flush_started = threading.Event()
-    release = threading.Event()
+def test_successes_are_recorded_in_the_transaction_of_the_next_claim(ctx: Flask) -> None:
+    """Draining a queue takes about one commit per batch of jobs, not two per job: each
+    transaction that claims also completes the jobs that finished since the last one."""
+    made = sample_app.add.enqueue_many([([i, 3], {}) for i in range(40)])
+    store = store_of(ctx)
+    statements: dict[int, list[str]] = {}  # connection -> statements of its open transaction
+    both = 0
+    commits = 0
+    lock = threading.Lock()
 
-    def flush(batch: list[int]) -> None:
-        batches.append(batch)
-        if len(batches) == 1:
-            first_flush_started.set()
-            release.wait(WAIT)
+    def executed(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        with lock:
+            statements.setdefault(id(conn), []).append(statement)
 
-    commit: GroupCommit[int] = GroupCommit(flush, max_batch=3).start()
-    commit.put(0)  # alone: flushed at once, without waiting for company
-    assert first_flush_started.wait(WAIT)
-    for item in range(1, 6):
-        commit.put(item)  # all arrive while the first flush is busy
-    release.set()
-    commit.close(WAIT)
-    assert batches == [[0], [1, 2, 3], [4, 5]]
+    def committed(conn: Any) -> None:
+        nonlocal both, commits
+        with lock:
+            seen = statements.pop(id(conn), [])
+            commits += 1
+            updates = [s for s in seen if s.lstrip().upper().startswith("UPDATE")]
+            claims = any("started_at=" in s.replace(" ", "") for s in updates)
+            completions = any("finished_at=" in s.replace(" ", "") for s in updates)
+            both += claims and completions
+
+    sa.event.listen(store.engine, "before_cursor_execute", executed)
+    sa.event.listen(store.engine, "commit", committed)
+    try:
+        worker = sample_app.queue.worker(WorkerOptions(concurrency=2), ctx)
+        worker.run(burst=True)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", executed)
+        sa.event.remove(store.engine, "commit", committed)
+    assert [job.refresh().result for job in made] == [i + 3 for i in range(40)]
+    assert both > 0, "no transaction both completed jobs and claimed more"
+    # 40 jobs with one commit for each claim and another for each completion would be
+    # about 60 or more commits (claims of at most 2, plus completions).
+    assert commits < 50, commits
 
 
-def test_close_flushes_what_is_waiting_and_a_failing_flush_does_not_stop_it() -> None:
-    batches: list[list[str]] = []
+def test_a_claim_waits_briefly_for_jobs_claimed_just_before_it(
+    ctx: Flask, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs of one claim that finish within LINGER of it are recorded in one commit
+    (``complete_many`` gives them one ``finished_at``); a job running longer is not
+    waited for."""
+    from flask_sqlqueue.core import worker as worker_module
 
-    def flush(batch: list[str]) -> None:
-        batches.append(batch)
-        if batch == ["boom"]:
-            raise RuntimeError("flush failed")
+    log = str(tmp_path / "linger.log")
+    monkeypatch.setattr(worker_module, "LINGER", 0.6)
+    together = [sample_app.record.enqueue(log, f"t{i}", 0.1 * i) for i in range(4)]
+    worker = sample_app.queue.worker(WorkerOptions(concurrency=4), ctx)
+    worker.run(burst=True)
+    finished = {job.refresh().finished_at for job in together}
+    assert len(finished) == 1, finished
 
-    commit: GroupCommit[str] = GroupCommit(flush).start()
-    commit.put("boom")
-    wait_for(lambda: batches, "the first flush")
-    commit.put("after")
-    commit.close(WAIT)
-    assert batches == [["boom"], ["after"]]
+    monkeypatch.setattr(worker_module, "LINGER", 0.05)
+    quick, slow = (sample_app.record.enqueue(log, tag, s) for tag, s in (("q", 0), ("s", 1.0)))
+    worker = sample_app.queue.worker(WorkerOptions(concurrency=2), ctx)
+    worker.run(burst=True)
+    quick_at, slow_at = quick.refresh().finished_at, slow.refresh().finished_at
+    assert quick_at is not None and slow_at is not None
+    assert (slow_at - quick_at).total_seconds() > 0.5
 
 
 # -- complete_many: fenced like complete ------------------------------------------------------
@@ -82,15 +108,19 @@ def test_close_flushes_what_is_waiting_and_a_failing_flush_does_not_stop_it() ->
 def _claim(app: Flask, token: str, limit: int) -> list[Any]:
     store = store_of(app)
     with store.write() as conn:
-        return store.ops.claim(
-            conn,
-            worker_id="test-worker",
-            token=token,
-            now=utcnow(),
-            limit=limit,
-            queues=(),
-            tasks=[sample_app.add.name],
-        )
+        return _claim_in(store, conn, token, limit)
+
+
+def _claim_in(store: Store, conn: Any, token: str, limit: int) -> list[Any]:
+    return store.ops.claim(
+        conn,
+        worker_id="test-worker",
+        token=token,
+        now=utcnow(),
+        limit=limit,
+        queues=(),
+        tasks=[sample_app.add.name],
+    )
 
 
 def test_complete_many_is_fenced_by_each_claim(ctx: Flask) -> None:
@@ -223,3 +253,29 @@ def test_a_writer_held_up_in_process_gets_sqlites_error(make_app: Any) -> None:
         holder.join(WAIT)
     with app.app_context():
         assert sample_app.add.enqueue(3, 4).id == 1  # nothing was written before
+
+
+# -- PostgreSQL: the claim's plan does not hang on the table's statistics ----------------------
+
+
+def test_the_postgresql_claim_walks_the_claim_index_whatever_the_statistics(ctx: Flask) -> None:
+    store = store_of(ctx)
+    if store.engine.dialect.name != "postgresql":
+        pytest.skip("planner settings are PostgreSQL's")
+    sample_app.add.enqueue_many([([i, i], {}) for i in range(500)])
+    with store.write() as conn:
+        claimed = _claim_in(store, conn, "tok", 4)
+        settings = [
+            conn.exec_driver_sql(f"SHOW {name}").scalar()
+            for name in ("enable_bitmapscan", "enable_sort", "jit")
+        ]
+        assert settings == ["off", "off", "off"]
+        plan = conn.exec_driver_sql(
+            "EXPLAIN SELECT id FROM sqlqueue_jobs WHERE status = 'pending' "
+            "ORDER BY priority DESC, run_at, id LIMIT 4 FOR UPDATE SKIP LOCKED"
+        ).scalars()
+        text = "\n".join(plan)
+        assert "ix_sqlqueue_jobs_claim" in text and "Sort" not in text, text
+    assert len(claimed) == 4
+    with store.read() as conn:  # for the claim's transaction only
+        assert conn.exec_driver_sql("SHOW enable_bitmapscan").scalar() == "on"

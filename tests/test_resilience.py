@@ -252,7 +252,8 @@ def test_an_unexpected_error_while_recording_hands_the_job_back(
 
     def broken_once(*args: Any, **kwargs: Any) -> bool:
         calls.append(args)
-        if len(calls) == 1:
+        # Fails with the next claim, then again when recorded on its own.
+        if len(calls) <= 2:
             raise RuntimeError("a bug in recording")
         return real(*args, **kwargs)
 

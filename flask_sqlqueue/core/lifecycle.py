@@ -75,17 +75,8 @@ def _claimed(job_id: int, token: str) -> Any:
     return sa.and_(jobs.c.id == job_id, jobs.c.status == RUNNING, jobs.c.claim_token == token)
 
 
-def complete(conn: Connection, job_id: int, token: str, result: str | None, now: datetime) -> bool:
-    """Finish a running attempt successfully. ``False`` if the claim was lost."""
-    done = conn.execute(
-        sa.update(jobs)
-        .where(_claimed(job_id, token))
-        .values(status=COMPLETED, result=result, finished_at=now, updated_at=now, claim_token=None)
-    )
-    return done.rowcount == 1
-
-
-# Bound per row: the executemany form of complete(), for results that differ per job.
+# Bound per row: complete() and the executemany form for results that differ per job.
+# Every statement of the hot path is built once: building one cost more than running it.
 _COMPLETE_EACH = (
     sa.update(jobs)
     .where(
@@ -101,6 +92,29 @@ _COMPLETE_EACH = (
         claim_token=None,
     )
 )
+_HELD = (
+    sa.select(jobs.c.id, jobs.c.claim_token)
+    .where(jobs.c.id.in_(sa.bindparam("b_ids", expanding=True)), jobs.c.status == RUNNING)
+    .order_by(jobs.c.id)
+    .with_for_update()
+)
+_COMPLETE_PLAIN = (
+    sa.update(jobs)
+    .where(jobs.c.id.in_(sa.bindparam("b_ids", expanding=True)), jobs.c.status == RUNNING)
+    .values(
+        status=COMPLETED,
+        result=None,
+        finished_at=sa.bindparam("b_now", type_=jobs.c.finished_at.type),
+        updated_at=sa.bindparam("b_now", type_=jobs.c.updated_at.type),
+        claim_token=None,
+    )
+)
+
+
+def complete(conn: Connection, job_id: int, token: str, result: str | None, now: datetime) -> bool:
+    """Finish a running attempt successfully. ``False`` if the claim was lost."""
+    params = {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
+    return conn.execute(_COMPLETE_EACH, params).rowcount == 1
 
 
 def complete_many(
@@ -117,24 +131,12 @@ def complete_many(
         return {job_id} if complete(conn, job_id, token, result, now) else set()
     # Lock the rows in id order (FOR UPDATE is a no-op on SQLite, whose write lock is
     # already held), so nothing can take a claim between this check and the update.
-    held = dict(
-        conn.execute(
-            sa.select(jobs.c.id, jobs.c.claim_token)
-            .where(jobs.c.id.in_(sorted(job_id for job_id, _, _ in done)), jobs.c.status == RUNNING)
-            .order_by(jobs.c.id)
-            .with_for_update()
-        ).all()
-    )
+    ids = sorted(job_id for job_id, _, _ in done)
+    held = dict(conn.execute(_HELD, {"b_ids": ids}).all())
     mine = [item for item in done if item[1] is not None and held.get(item[0]) == item[1]]
     plain = [job_id for job_id, _, result in mine if result is None]
     if plain:  # most tasks return nothing: one set-based statement for all of them
-        conn.execute(
-            sa.update(jobs)
-            .where(jobs.c.id.in_(plain), jobs.c.status == RUNNING)
-            .values(
-                status=COMPLETED, result=None, finished_at=now, updated_at=now, claim_token=None
-            )
-        )
+        conn.execute(_COMPLETE_PLAIN, {"b_ids": plain, "b_now": now})
     valued = [
         {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
         for job_id, token, result in mine

@@ -1,8 +1,10 @@
 """The worker: claims jobs, runs them on threads, records how each attempt ended.
 
 One dispatcher loop claims as many jobs as there are free threads, in one statement,
-and hands them to job threads. Every transaction is short: a claim, a completion, a
-failure; none is open while a task runs. A heartbeat thread keeps the worker's row
+and hands them to job threads. The successes that finished since its last claim are
+recorded in the same transaction as its next one, so one commit (one fsync on SQLite)
+serves both. Every transaction is short: a claim with its completions, a failure; none
+is open while a task runs. A heartbeat thread keeps the worker's row
 alive and takes back jobs of workers that stopped heartbeating.
 """
 
@@ -46,7 +48,6 @@ from .context import JobContext
 from .context import _current
 from .dialects.base import CLAIM_COLUMNS
 from .dialects.base import claim_values
-from .groupcommit import GroupCommit
 from .isolation import AttemptFailed
 from .isolation import Isolation
 from .isolation import RuntimeLoader
@@ -60,6 +61,12 @@ from .tasks import Task
 log = logging.getLogger("flask_sqlqueue.worker")
 
 _MAX_TRACEBACK = 50_000
+
+#: How long a claim waits for jobs claimed less than this long ago to finish, so that
+#: their outcomes share its commit. Short jobs then finish in batches of the worker's
+#: concurrency instead of one commit per job or two; a job running longer than this is
+#: not waited for.
+LINGER = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +192,16 @@ class Worker:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[int, str] = {}  # job id -> claim token
+        self._last_claim: tuple[float, list[int]] = (0.0, [])  # (time.monotonic(), its ids)
         self._registered = False
         self._last_heartbeat_ok = time.monotonic()
         self._paused = False
         self._db_error_logged = 0.0
-        # Successful outcomes waiting to be recorded together; only while run() runs.
-        self._completions: GroupCommit[_Success] | None = None
-        # Their ids: still running (holding a thread's slot) until recorded.
+        # Successful outcomes waiting for the next claim's transaction; only while run()
+        # runs (``_batching``). Their ids stay running, holding a thread's slot, until
+        # recorded, so a worker never has more running jobs than threads.
+        self._batching = False
+        self._done: list[_Success] = []
         self._recording: set[int] = set()
         # Outcomes a database fault kept from being recorded: (label, extra, fenced write).
         self._unrecorded: list[tuple[str, dict[str, Any], Callable[[Any], bool]]] = []
@@ -231,7 +241,8 @@ class Worker:
         )
         for thread in (*threads, heart, listener):
             thread.start()
-        self._completions = GroupCommit(self._record_successes).start()
+        with self._lock:
+            self._batching = True
         # Every (non-burst) worker schedules periodic tasks; the database keeps each slot
         # to one job, so there is no leader to lose.
         scheduler = None if burst else self._scheduler().start(self._stopping)
@@ -252,9 +263,7 @@ class Worker:
             for _ in threads:
                 inbox.put(None)
             self._finish_running()
-            if self._completions is not None:  # every finished job's outcome is written
-                self._completions.close()
-                self._completions = None
+            self._flush_done(last=True)  # every finished job's outcome is written
             if self._isolation is not None:  # after the hand-back: their jobs are released
                 self._isolation.close()
             self._exited.set()
@@ -318,31 +327,30 @@ class Worker:
     def _dispatch(self, inbox: queue_module.SimpleQueue[Any], burst: bool) -> None:
         poll = self.options.poll_interval
         while not self._stopping.is_set():
-            if time.monotonic() - self._last_heartbeat_ok > self.options.stale_after:
-                # Others may have declared us dead and rescued our jobs: claim nothing
-                # until the heartbeat is back (under a new id if our row was removed).
-                if not self._paused:
-                    log.error("worker %s cannot heartbeat; it stops claiming", self.id)
-                    self._paused = True
-                self._stopping.wait(min(poll, 1.0))
-                continue
-            if self._paused:
-                log.warning("worker %s heartbeats again; it resumes claiming", self.id)
-                self._paused = False
-            with self._lock:
-                free = self.options.concurrency - len(self._running)
-            if free <= 0:
-                self._wake.wait(poll)
-                self._wake.clear()
-                continue
+            claiming = self._may_claim()
             self._wake.clear()
             with self._lock:
+                batch, self._done = self._done, []
+                # The slots of the jobs recorded now are free once the claim commits.
+                free = self.options.concurrency - len(self._running) + len(batch)
                 # Read before claiming (and after clearing the wake-up): a job that ends
                 # after an empty claim may have gone back to pending, eligible now, so a
                 # burst must claim once more.
                 idle = not self._running
+            if not claiming:
+                self._record_successes(batch)
+                self._stopping.wait(min(poll, 1.0))
+                continue
+            if free <= 0:
+                self._wake.wait(poll)
+                continue
+            if self._linger():
+                with self._lock:
+                    more, self._done = self._done, []
+                batch += more
+                free += len(more)
             try:
-                rows = self._claim(free)
+                rows, done = self._cycle(batch, free)
             except Exception as exc:
                 # Never let a database fault (or a row it cannot read) end the worker:
                 # the claim rolled back, so log, back off and try again.
@@ -351,38 +359,85 @@ class Worker:
                 continue
             for row in rows:
                 inbox.put(row)
-            if rows:
+            self._report(batch, done)  # after the hand-over: signals may be slow
+            if rows or batch:
                 continue
             if burst and idle:
                 return
             self._wake.wait(poll)
 
+    def _linger(self) -> bool:
+        """Wait up to :data:`LINGER` for the jobs claimed just now to finish too; ``True``
+        if any did."""
+        waited = False
+        claimed_at, ids = self._last_claim
+        while True:
+            remaining = claimed_at + LINGER - time.monotonic()
+            if remaining <= 0 or self._stopping.is_set():
+                return waited
+            with self._lock:
+                if all(i in self._recording or i not in self._running for i in ids):
+                    return waited
+            self._wake.clear()
+            self._wake.wait(remaining)
+            waited = True
+
+    def _may_claim(self) -> bool:
+        if time.monotonic() - self._last_heartbeat_ok > self.options.stale_after:
+            # Others may have declared us dead and rescued our jobs: claim nothing
+            # until the heartbeat is back (under a new id if our row was removed).
+            if not self._paused:
+                log.error("worker %s cannot heartbeat; it stops claiming", self.id)
+                self._paused = True
+            return False
+        if self._paused:
+            log.warning("worker %s heartbeats again; it resumes claiming", self.id)
+            self._paused = False
+        return True
+
     def _claim(self, limit: int) -> list[Any]:
+        rows, _ = self._cycle([], limit)
+        return rows
+
+    def _cycle(self, batch: list[_Success], limit: int) -> tuple[list[Any], set[int]]:
+        """Record the successes in ``batch`` and claim up to ``limit`` jobs, in one
+        transaction. Returns the claimed rows and the ids of the jobs recorded completed
+        (the others had lost their claim)."""
         token = uuid.uuid4().hex
-        for attempt in range(3):
-            now = self.clock()
-            try:
-                with self.store.write() as conn:
-                    rows = self.store.ops.claim(
-                        conn,
-                        worker_id=self.id,
-                        token=token,
-                        now=now,
-                        limit=limit,
-                        queues=self.options.queues,
-                        tasks=self._task_names,
-                        limits=self._limits,
-                    )
-                break
-            except sa.exc.DBAPIError as exc:
-                # The database rolled the whole claim back; nothing was taken. Claims
-                # lock limit rows in one order, so this is rare: retry at once.
-                if attempt == 2 or not self.store.ops.is_deadlock(exc):
-                    raise
+        items = [(s.row.id, s.row.claim_token, s.result) for s in batch]
+        try:
+            for attempt in range(3):
+                now = self.clock()
+                try:
+                    with self.store.write() as conn:
+                        done = lifecycle.complete_many(conn, items, now) if items else set()
+                        rows = self.store.ops.claim(
+                            conn,
+                            worker_id=self.id,
+                            token=token,
+                            now=now,
+                            limit=limit,
+                            queues=self.options.queues,
+                            tasks=self._task_names,
+                            limits=self._limits,
+                        )
+                    break
+                except sa.exc.DBAPIError as exc:
+                    # The database rolled the whole transaction back; nothing was taken.
+                    # Claims lock limit rows in one order, so this is rare: retry at once.
+                    if attempt == 2 or not self.store.ops.is_deadlock(exc):
+                        raise
+        except Exception:
+            # Nothing was written: record the outcomes on their own (that retries while
+            # the database is away), and let the caller deal with the failed claim.
+            self._record_successes(batch)
+            raise
         with self._lock:
+            self._release_slots(batch)
             for row in rows:
                 self._running[row.id] = token
-        return rows
+        self._last_claim = (time.monotonic(), [row.id for row in rows])
+        return rows, done
 
     def _job_thread(self, inbox: queue_module.SimpleQueue[Any]) -> None:
         while True:
@@ -420,6 +475,7 @@ class Worker:
         """Wait up to the grace period for running jobs, then hand back the rest."""
         deadline = time.monotonic() + self.options.grace
         while time.monotonic() < deadline:
+            self._flush_done()
             with self._lock:
                 if not self._running:
                     return
@@ -539,14 +595,15 @@ class Worker:
             # The work is done: re-running it to store a result would repeat its effects.
             log.warning("%s: result not stored: %s", label, exc, extra=extra)
             result = None
-        completions = self._completions
-        if completions is not None:
-            # Recorded with the others that finish meanwhile, in one transaction; until
-            # then the job stays running in the database (a crash re-runs it, at least once).
-            with self._lock:
+        success = _Success(row, label, extra, value, result, elapsed)
+        with self._lock:
+            if self._batching:
+                # Recorded with the next claim, together with the others that finish
+                # meanwhile; until then the job stays running in the database (a crash
+                # re-runs it: at least once).
                 self._recording.add(row.id)
-            completions.put(_Success(row, label, extra, value, result, elapsed))
-            return
+                self._done.append(success)
+                return
         now = self.clock()
         done = self._finish(
             label,
@@ -554,7 +611,7 @@ class Worker:
             lambda conn: lifecycle.complete(conn, row.id, row.claim_token, result, now),
         )
         if done:
-            self._succeeded(_Success(row, label, extra, value, result, elapsed))
+            self._succeeded(success)
 
     def _succeeded(self, success: _Success) -> None:
         log.info("%s: completed in %.3fs", success.label, success.elapsed, extra=success.extra)
@@ -564,6 +621,8 @@ class Worker:
 
     def _record_successes(self, batch: list[_Success]) -> None:
         """Record successful outcomes in one transaction, each fenced by its own claim."""
+        if not batch:
+            return
         try:
             self._write_successes(batch)
         except Exception:
@@ -571,13 +630,25 @@ class Worker:
             for s in batch:
                 self._hand_back(s.row, sys.exc_info()[1])
         finally:
-            # Their threads' slots are free only now, so the worker never holds more
-            # running jobs than it has threads.
             with self._lock:
-                for s in batch:
-                    self._recording.discard(s.row.id)
-                    self._running.pop(s.row.id, None)
+                self._release_slots(batch)
             self._wake.set()
+
+    def _flush_done(self, *, last: bool = False) -> None:
+        """Record the successes waiting for a claim (at shutdown, when none comes);
+        with ``last``, later ones are recorded one by one as they finish."""
+        with self._lock:
+            batch, self._done = self._done, []
+            if last:
+                self._batching = False
+        self._record_successes(batch)
+
+    def _release_slots(self, batch: list[_Success]) -> None:
+        # Their threads' slots are free only once recorded, so the worker never holds
+        # more running jobs than it has threads. Called with the lock held.
+        for s in batch:
+            self._recording.discard(s.row.id)
+            self._running.pop(s.row.id, None)
 
     def _write_successes(self, batch: list[_Success]) -> None:
         now = self.clock()
@@ -598,6 +669,9 @@ class Worker:
                 )
                 self._retry_later(s.label, s.extra, write, exc)
             return
+        self._report(batch, done)
+
+    def _report(self, batch: list[_Success], done: set[int]) -> None:
         for s in batch:
             if s.row.id in done:
                 self._succeeded(s)

@@ -107,10 +107,12 @@ def _plain_claim(skip_locked: bool, queues: tuple[str, ...], tasks: tuple[str, .
         # PostgreSQL may re-run an ``IN (subquery)`` for every outer row (a nested-loop
         # semi join), and with SKIP LOCKED each run finds rows the previous one locked
         # past: ``LIMIT 1`` then claimed every pending job.
+        # No outer status test: locking a row that changed since the snapshot re-checks
+        # the subquery's WHERE on its newest version (and skips it if no longer pending),
+        # and the lock keeps it so. A test here also let PostgreSQL, with stale
+        # statistics, find the rows by scanning every pending one instead of by id.
         locked = candidates.with_for_update(skip_locked=True).scalar_subquery()
-        # Re-check the status: at READ COMMITTED the row may have moved on since the
-        # subquery's snapshot.
-        chosen = sa.and_(jobs.c.id == sa.any_(sa.func.array(locked)), jobs.c.status == PENDING)
+        chosen = jobs.c.id == sa.any_(sa.func.array(locked))
     else:
         # One writer and one statement (SQLite): the subquery's rows are still
         # pending, and an outer status test would make SQLite scan every pending row.
