@@ -18,7 +18,6 @@ from typing import TypeVar
 
 import click
 import sqlalchemy as sa
-from alembic.util import CommandError
 from click.core import ParameterSource
 from flask import current_app
 from flask.cli import AppGroup
@@ -62,6 +61,12 @@ def _state(check_schema: bool = True) -> _State:
     return state
 
 
+def _is_alembic_error(exc: Exception) -> bool:
+    # Alembic is imported only by the `db` commands: if it is not loaded, it raised nothing.
+    util = sys.modules.get("alembic.util")
+    return util is not None and isinstance(exc, util.CommandError)
+
+
 def _clean_errors(fn: F) -> F:
     """Turn the queue's own errors and database errors into one-line CLI errors."""
     import functools
@@ -70,7 +75,11 @@ def _clean_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (SQLQueueError, ValueError, TypeError, LookupError, CommandError) as exc:
+        except (SQLQueueError, ValueError, TypeError, LookupError) as exc:
+            raise click.ClickException(str(exc)) from None
+        except Exception as exc:
+            if not _is_alembic_error(exc):
+                raise
             raise click.ClickException(str(exc)) from None
         except sa.exc.SQLAlchemyError as exc:
             message = str(exc.orig) if isinstance(exc, sa.exc.DBAPIError) else str(exc)

@@ -3,18 +3,21 @@
 The scripts ship inside the package (``flask_sqlqueue/_migrations`` in a wheel, the
 top-level ``migrations/`` folder in a checkout) and record their revision in their own
 version table, so an app's own Alembic or Flask-Migrate history is never touched.
+
+Alembic is imported only to change the schema. The start-up check, which every worker
+and web process runs, reads the version table and the scripts' revision ids itself:
+Alembic and what it loads (Mako, Pygments) were a sixth of a worker's memory.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine
 
@@ -35,35 +38,68 @@ def migrations_dir() -> Path:
     raise SchemaError("The bundled migrations are missing from this installation.")
 
 
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+
 def _config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir()))
     config.attributes["connection"] = connection
     return config
 
 
+def _revisions() -> dict[str, str | None]:
+    """Each bundled script's revision and the one it revises, read from its source (the
+    scripts are Alembic's, each assigning both as plain strings)."""
+    found: dict[str, str | None] = {}
+    for path in sorted((migrations_dir() / "versions").glob("*.py")):
+        names: dict[str, str | None] = {}
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target = node.targets[0]
+                if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
+                    names[target.id] = ast.literal_eval(node.value)
+        if names.get("revision"):
+            found[str(names["revision"])] = names.get("down_revision")
+    return found
+
+
 @functools.cache
 def head() -> str:
     """The newest revision this version of flask_sqlqueue knows."""
-    revision = ScriptDirectory.from_config(_config()).get_current_head()
-    assert revision is not None
-    return revision
+    revisions = _revisions()
+    heads = set(revisions) - set(revisions.values())
+    if len(heads) != 1:
+        raise SchemaError(f"The bundled migrations have {len(heads)} heads, not one.")
+    return heads.pop()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    from alembic import command
+
     with engine.begin() as conn:
         command.upgrade(_config(conn), revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    from alembic import command
+
     with engine.begin() as conn:
         command.downgrade(_config(conn), revision)
 
 
 def current(engine: Engine) -> str | None:
+    """The revision the database is at; ``None`` before the first upgrade."""
     with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
-        return context.get_current_revision()
+        if not sa.inspect(conn).has_table(VERSION_TABLE):
+            return None
+        rows = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    if len(rows) > 1:
+        raise SchemaError(f"The queue's version table holds {len(rows)} revisions, not one.")
+    return rows[0] if rows else None
 
 
 def check(engine: Engine) -> None:
@@ -78,8 +114,7 @@ def check(engine: Engine) -> None:
         return
     if revision is None:
         raise SchemaError(f"The queue's tables do not exist in {engine.url!r} yet; {UPGRADE_HINT}.")
-    known = {script.revision for script in ScriptDirectory.from_config(_config()).walk_revisions()}
-    if revision not in known:
+    if revision not in _revisions():
         raise SchemaError(
             f"The queue's schema in {engine.url!r} is at revision {revision}, newer than this "
             "version of flask_sqlqueue knows; upgrade the flask-sqlqueue package."

@@ -272,6 +272,7 @@ def test_four_worker_processes_never_exceed_the_limits(
     tmp_path: Path,
 ) -> None:
     env = {**flask_env(database_uri), "FLASK_APP": "tests.limits_app:create_app"}
+    env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (see below)
     command = [*FLASK, "queue", "work", "--poll-interval", "0.05", "--concurrency", "2"]
     with ExitStack() as stack:
         procs = []
@@ -308,7 +309,7 @@ def test_four_worker_processes_never_exceed_the_limits(
         wait_for(finished, "every job to complete")
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
-        codes = [proc.wait(timeout=30) for proc in procs]
+        codes = [_wait_or_dump(proc, 30) for proc in procs]
     outputs = [(tmp_path / f"worker{n}.out").read_text() for n in range(4)]
     assert codes == [0] * 4, outputs
 
@@ -333,6 +334,17 @@ def test_four_worker_processes_never_exceed_the_limits(
     assert max(windows.values()) <= limits_app.RATE, windows
     assert len(windows) >= 3  # the limit held jobs back: 3 windows' worth of jobs
     assert len({r["pid"] for rs in runs.values() for r in rs}) >= 2  # the work was shared
+
+
+def _wait_or_dump(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
+    """The exit code; a worker still running after ``timeout`` is aborted, so that its
+    threads' stacks land in its output for the failure message."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(timeout=10)
+        return None
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -153,6 +155,48 @@ def test_unknown_revision_says_to_upgrade_the_package(make_app: Any, database_ur
 
 
 # -- the queue's own Alembic history ----------------------------------------------------------
+
+
+def test_the_head_read_from_the_scripts_is_alembics(newer_package: str) -> None:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(schema.migrations_dir()))
+    assert schema.head() == ScriptDirectory.from_config(config).get_current_head() == "9999"
+    assert schema._revisions()["9999"] == newer_package
+
+
+def test_a_worker_process_does_not_load_alembic(tmp_path: Path) -> None:
+    """The start-up check reads the version table itself; Alembic (with Mako and
+    Pygments) is loaded only by the commands that change the schema."""
+    url = f"sqlite:///{tmp_path / 'q.db'}"
+    code = (
+        "import sys\n"
+        "from flask import Flask\n"
+        "from flask_sqlqueue import SQLQueue\n"
+        "def make():\n"
+        "    app = Flask('probe')\n"
+        f"    app.config['SQLQUEUE_DATABASE_URI'] = {url!r}\n"
+        "    queue = SQLQueue(app)\n"
+        "    queue.task(name='probe.noop')(lambda: None)\n"
+        "    return app, queue\n"
+        "app, queue = make()\n"
+        "queue.upgrade_database(app=app)\n"
+        "for name in [m for m in sys.modules if m.split('.')[0] in ('alembic', 'mako')]:\n"
+        "    del sys.modules[name]\n"
+        "app, queue = make()  # a fresh process's state: the schema not yet checked\n"
+        "import flask_sqlqueue.cli\n"
+        "with app.app_context():\n"
+        "    job = queue.registry['probe.noop'].enqueue()\n"
+        "queue.worker(app=app).run(burst=True)\n"
+        "with app.app_context():\n"
+        "    assert queue.get_job(job.id).status == 'completed', 'the job did not run'\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('alembic', 'mako')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_upgrade_downgrade_upgrade_leaves_the_apps_alembic_alone(
