@@ -157,6 +157,32 @@ def test_worker_and_producer_survive_the_server_dropping_their_connections(
     assert (before.result, after.result) == (3, 7)
 
 
+def test_the_claims_connection_is_kept_and_replaced_once_dropped(
+    server_app: Flask, server_uri: str
+) -> None:
+    store = sample_app.queue.state(server_app).store
+    writer = store.writer()
+    try:
+        pids = []
+        for _ in range(2):
+            with writer.begin() as conn:
+                pids.append(conn.exec_driver_sql(_BACKEND_PID[store.engine.dialect.name]).scalar())
+        assert pids[0] == pids[1]  # one connection between transactions
+        assert _drop_connections(server_uri) >= 1
+        with pytest.raises(sa.exc.DBAPIError) as dropped:
+            with writer.begin() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        assert dropped.value.connection_invalidated
+        with writer.begin() as conn:  # replaced by the next transaction
+            new = conn.exec_driver_sql(_BACKEND_PID[store.engine.dialect.name]).scalar()
+        assert new != pids[0]
+    finally:
+        writer.close()
+
+
+_BACKEND_PID = {"postgresql": "SELECT pg_backend_pid()", "mysql": "SELECT CONNECTION_ID()"}
+
+
 def test_a_claim_takes_no_more_jobs_than_its_limit(server_app: Any) -> None:
     # PostgreSQL may re-run an `IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)` once per
     # outer row (a nested-loop semi join, its plan on a table without statistics), and each

@@ -118,8 +118,16 @@ class Store:
 
     @contextmanager
     def _sqlite_write(self) -> Iterator[Connection]:
+        with self._writer_turn(), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _writer_turn(self) -> Iterator[None]:
+        """On SQLite, this process's turn to write; elsewhere, nothing to wait for."""
         lock = self._write_lock
-        assert lock is not None
+        if lock is None:
+            yield
+            return
         # As long as SQLite itself would wait, then the same error it would raise.
         if not lock.acquire(timeout=self.settings.sqlite_busy_timeout):
             raise sa.exc.OperationalError(
@@ -128,10 +136,13 @@ class Store:
                 sqlite3.OperationalError("database is locked (by a writer in this process)"),
             )
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            yield
         finally:
             lock.release()
+
+    def writer(self) -> Writer:
+        """Write transactions on one connection kept between them (see :class:`Writer`)."""
+        return Writer(self)
 
     def read(self) -> Any:
         """A short read-only transaction that never waits for writers."""
@@ -428,6 +439,35 @@ class Store:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+
+class Writer:
+    """Write transactions for a thread that writes in a loop (the worker's claims), on
+    one connection kept between them: no pool check-out, ping and reset each time. A
+    connection the database dropped is replaced by the next transaction."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._conn: Connection | None = None
+
+    @contextmanager
+    def begin(self) -> Iterator[Connection]:
+        with self._store._writer_turn():
+            conn = self._conn
+            if conn is None or conn.closed or conn.invalidated:
+                conn = self._conn = self._store.engine.connect()
+            try:
+                with conn.begin():
+                    yield conn
+            except BaseException:
+                if conn.invalidated:
+                    self.close()
+                raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def is_transient(exc: BaseException) -> bool:

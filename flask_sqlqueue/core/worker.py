@@ -127,6 +127,14 @@ class _Success:
     elapsed: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """Successes just recorded (``done``: the ids completed), for a job thread to report."""
+
+    batch: list[_Success]
+    done: set[int]
+
+
 def job_label(job_id: int, task: str, attempt: int, max_attempts: int, key: str | None) -> str:
     """The prefix of every log line about a job."""
     text = f"job={job_id} task={task} attempt={attempt}/{max_attempts}"
@@ -193,6 +201,7 @@ class Worker:
         self._lock = threading.Lock()
         self._running: dict[int, str] = {}  # job id -> claim token
         self._last_claim: tuple[float, list[int]] = (0.0, [])  # (time.monotonic(), its ids)
+        self._writer = store.writer()  # the claims' own connection
         self._registered = False
         self._last_heartbeat_ok = time.monotonic()
         self._paused = False
@@ -285,6 +294,7 @@ class Worker:
 
     def close(self) -> None:
         """Mark this worker's row stopped: it is no longer alive."""
+        self._writer.close()
         if self._registered:
             try:
                 self.store.run_write(
@@ -359,7 +369,9 @@ class Worker:
                 continue
             for row in rows:
                 inbox.put(row)
-            self._report(batch, done)  # after the hand-over: signals may be slow
+            if batch:
+                # Logged and signalled by a job thread, while this one claims again.
+                inbox.put(_Recorded(batch, done))
             if rows or batch:
                 continue
             if burst and idle:
@@ -409,7 +421,7 @@ class Worker:
             for attempt in range(3):
                 now = self.clock()
                 try:
-                    with self.store.write() as conn:
+                    with self._writer.begin() as conn:
                         done = lifecycle.complete_many(conn, items, now) if items else set()
                         rows = self.store.ops.claim(
                             conn,
@@ -444,6 +456,9 @@ class Worker:
             row = inbox.get()
             if row is None:
                 return
+            if isinstance(row, _Recorded):
+                self._report(row.batch, row.done)
+                continue
             try:
                 self._execute(row)
             except Exception:
