@@ -279,3 +279,12 @@ def test_the_postgresql_claim_walks_the_claim_index_whatever_the_statistics(ctx:
     assert len(claimed) == 4
     with store.read() as conn:  # for the claim's transaction only
         assert conn.exec_driver_sql("SHOW enable_bitmapscan").scalar() == "on"
+
+
+def test_run_once_gives_its_connection_back(ctx: Flask) -> None:
+    job = sample_app.add.enqueue(2, 2)
+    store = store_of(ctx)
+    worker = sample_app.queue.worker(app=ctx)
+    assert worker.run_once()
+    assert job.refresh().result == 4
+    assert store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]

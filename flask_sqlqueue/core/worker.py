@@ -220,7 +220,10 @@ class Worker:
     def run_once(self) -> bool:
         """Claim one eligible job and run it in this thread; ``False`` if there was none."""
         self._register()
-        rows = self._claim(1)
+        try:
+            rows = self._claim(1)
+        finally:
+            self._writer.close()  # kept only by run()'s loop
         for row in rows:
             self._execute(row)
         return bool(rows)
