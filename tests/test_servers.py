@@ -176,6 +176,13 @@ def test_the_claims_connection_is_kept_and_replaced_once_dropped(
         with writer.begin() as conn:  # replaced by the next transaction
             new = conn.exec_driver_sql(_BACKEND_PID[store.engine.dialect.name]).scalar()
         assert new != pids[0]
+        if store.engine.dialect.name == "postgresql":
+            # Planned for claims for its whole session; the pool's connections are not.
+            with writer.begin() as conn:
+                assert conn.exec_driver_sql("SHOW enable_bitmapscan").scalar() == "off"
+            writer.close()
+            with store.read() as conn:
+                assert conn.exec_driver_sql("SHOW enable_bitmapscan").scalar() == "on"
     finally:
         writer.close()
 

@@ -443,8 +443,9 @@ class Store:
 
 class Writer:
     """Write transactions for a thread that writes in a loop (the worker's claims), on
-    one connection kept between them: no pool check-out, ping and reset each time. A
-    connection the database dropped is replaced by the next transaction."""
+    one connection kept between them: no pool check-out, ping and reset each time. The
+    connection is the writer's own, detached from the pool; one the database dropped is
+    replaced by the next transaction."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -455,7 +456,12 @@ class Writer:
         with self._store._writer_turn():
             conn = self._conn
             if conn is None or conn.closed or conn.invalidated:
-                conn = self._conn = self._store.engine.connect()
+                conn = self._store.engine.connect()
+                # Its own, never back to the pool: session settings stay with it.
+                conn.detach()
+                self._store.ops.prepare_writer(conn)
+                conn.commit()
+                self._conn = conn
             try:
                 with conn.begin():
                     yield conn

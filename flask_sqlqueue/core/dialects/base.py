@@ -181,6 +181,10 @@ class DialectOps:
     #: runs on the worker's host and clock (SQLite).
     clock_query: ClassVar[str | None] = None
 
+    def prepare_writer(self, conn: Connection) -> None:
+        """Set up a connection a :class:`~flask_sqlqueue.core.store.Writer` keeps for
+        itself (never returned to the pool). Default: nothing."""
+
     def check_server(self, conn: Connection) -> None:
         """Refuse a server that cannot claim safely. Default: nothing to check."""
 

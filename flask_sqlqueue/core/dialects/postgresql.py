@@ -32,9 +32,10 @@ MIN_VERSION = (9, 5)  # FOR UPDATE SKIP LOCKED
 # a plan's cost with a path switched off can pass jit_above_cost, and compiling took
 # 160 ms for a claim that runs in 0.3.
 _CLAIM_PLANNER = (
-    "SELECT set_config('enable_bitmapscan', 'off', true), "
-    "set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+    "SELECT set_config('enable_bitmapscan', 'off', {local}), "
+    "set_config('enable_sort', 'off', {local}), set_config('jit', 'off', {local})"
 )
+_PLANNED = "sqlqueue_claim_planner"  # in Connection.info: set for the whole session
 
 
 class PostgresOps(DialectOps):
@@ -55,8 +56,14 @@ class PostgresOps(DialectOps):
         # A queue table's statistics lag behind it (a burst of enqueues, then a drain).
         # Planned from them, a claim could read and sort every pending job, each time;
         # walking the claim index in order suits a claim of a few rows at any size.
-        conn.exec_driver_sql(_CLAIM_PLANNER)
+        if not conn.info.get(_PLANNED):
+            conn.exec_driver_sql(_CLAIM_PLANNER.format(local="true"))
         return super().claim_plain(conn, **claim)
+
+    def prepare_writer(self, conn: Connection) -> None:
+        # The worker's own connection, out of the pool: set once for its whole session.
+        conn.exec_driver_sql(_CLAIM_PLANNER.format(local="false"))
+        conn.info[_PLANNED] = True
 
     def is_deadlock(self, exc: BaseException) -> bool:
         return getattr(getattr(exc, "orig", None), "sqlstate", None) == "40P01"
