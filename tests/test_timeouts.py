@@ -412,3 +412,42 @@ def test_status_and_dashboard_say_which_timeouts_are_enforced(tapp: Flask) -> No
     assert "Workers prune finished jobs: completed and cancelled 7d, dead 30d" in page
     assert "tests.timeouts_app.stuck_anywhere</a>" in page
     assert "enforced only there" in page
+
+
+def test_a_child_stopped_by_two_threads_at_once_closes_its_pipe_once() -> None:
+    """A busy child is stopped by its job's thread (timeout, lost claim) and by the
+    worker's shutdown; two closes of one pipe at once failed with EBADF."""
+    import threading
+
+    from flask_sqlqueue.core.isolation import _Child
+
+    inside = 0
+    most = 0
+    guard = threading.Lock()
+
+    class Pipe:
+        def close(self) -> None:
+            nonlocal inside, most
+            with guard:
+                inside += 1
+                most = max(most, inside)
+            time.sleep(0.2)
+            with guard:
+                inside -= 1
+
+    class Ended:
+        pid = None
+
+        def is_alive(self) -> bool:
+            return False
+
+    child = _Child.__new__(_Child)
+    child.conn = Pipe()
+    child.process = Ended()
+    child._stop_lock = threading.Lock()
+    stoppers = [threading.Thread(target=child.stop, args=(0,)) for _ in range(2)]
+    for thread in stoppers:
+        thread.start()
+    for thread in stoppers:
+        thread.join(5)
+    assert most == 1

@@ -150,6 +150,9 @@ class _Child:
         self.process.start()
         theirs.close()
         self.ready = False
+        # A busy child may be stopped by its job's thread (a timeout, a lost claim) and
+        # by the worker's shutdown at once: the pipe must be closed once.
+        self._stop_lock = threading.Lock()
 
     @property
     def pid(self) -> int | None:
@@ -211,16 +214,17 @@ class _Child:
     def stop(self, grace: float) -> None:
         """STOP_SIGNAL, then SIGKILL after ``grace`` seconds; reap it either way."""
         process = self.process
-        if process.is_alive():
-            try:
-                os.kill(process.pid, STOP_SIGNAL)
-            except ProcessLookupError:
-                pass  # it ended meanwhile
-            process.join(grace)
-        if process.is_alive():
-            process.kill()
-            process.join(10)
-        self.conn.close()
+        with self._stop_lock:
+            if process.is_alive():
+                try:
+                    os.kill(process.pid, STOP_SIGNAL)
+                except ProcessLookupError:
+                    pass  # it ended meanwhile
+                process.join(grace)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+            self.conn.close()
 
     def shut_down(self, grace: float) -> None:
         """Ask an idle child to exit, then make sure it did."""

@@ -220,10 +220,7 @@ class Worker:
     def run_once(self) -> bool:
         """Claim one eligible job and run it in this thread; ``False`` if there was none."""
         self._register()
-        try:
-            rows = self._claim(1)
-        finally:
-            self._writer.close()  # kept only by run()'s loop
+        rows = self._claim(1)
         for row in rows:
             self._execute(row)
         return bool(rows)
@@ -411,7 +408,11 @@ class Worker:
         return True
 
     def _claim(self, limit: int) -> list[Any]:
-        rows, _ = self._cycle([], limit)
+        """One claim outside :meth:`run`'s loop, which alone keeps its connection."""
+        try:
+            rows, _ = self._cycle([], limit)
+        finally:
+            self._writer.close()
         return rows
 
     def _cycle(self, batch: list[_Success], limit: int) -> tuple[list[Any], set[int]]:
