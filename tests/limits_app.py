@@ -16,6 +16,7 @@ from typing import Any
 from flask import Flask
 
 from flask_sqlqueue import SQLQueue
+from tests.sample_app import queue_app
 
 queue = SQLQueue()
 
@@ -99,12 +100,4 @@ def report(n: int, path: str = "") -> int:
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    app = Flask(__name__)
-    app.config.update(
-        SQLQUEUE_DATABASE_URI=os.environ.get("SAMPLE_DATABASE_URI"),
-        SQLQUEUE_BACKOFF_BASE=0,
-        SQLQUEUE_BACKOFF_JITTER=0,
-    )
-    app.config.update(config or {})
-    queue.init_app(app)
-    return app
+    return queue_app(__name__, queue, config)

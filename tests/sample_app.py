@@ -93,6 +93,19 @@ def touch(path: str) -> None:
     Path(path).touch()
 
 
+def queue_app(import_name: str, queue: SQLQueue, config: dict[str, Any] | None) -> Flask:
+    """An app of the tests' kind for ``queue``: ``SAMPLE_DATABASE_URI``, no backoff."""
+    app = Flask(import_name)
+    app.config.update(
+        SQLQUEUE_DATABASE_URI=os.environ.get("SAMPLE_DATABASE_URI"),
+        SQLQUEUE_BACKOFF_BASE=0,
+        SQLQUEUE_BACKOFF_JITTER=0,
+    )
+    app.config.update(config or {})
+    queue.init_app(app)
+    return app
+
+
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = Flask(__name__, instance_path=os.environ.get("SAMPLE_INSTANCE_PATH") or None)
     app.config.update(

@@ -206,17 +206,8 @@ def test_cancel_requested_reads_the_row_at_most_once_a_second(control_app: Flask
 
 def lifecycle_context(worker: Any, row: Any) -> JobContext:
     """The context the worker would give the task running ``row``."""
-    return JobContext(
-        id=row.id,
-        task=row.task,
-        queue=row.queue,
-        attempts=row.attempts,
-        max_attempts=row.max_attempts,
-        idempotency_key=row.idempotency_key,
-        worker_id=worker.id,
-        claim_token=row.claim_token,
-        store=worker.store,
-    )
+    context: JobContext = worker._context(row)
+    return context
 
 
 def test_outside_a_task_there_is_nothing_to_cancel() -> None:

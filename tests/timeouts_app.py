@@ -16,6 +16,7 @@ from flask import Flask
 
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import current_job
+from tests.sample_app import queue_app
 
 queue = SQLQueue()
 
@@ -109,12 +110,4 @@ def raises(kind: str) -> None:
 def create_app(config: dict[str, Any] | None = None) -> Flask:
     if os.environ.get("TIMEOUTS_BREAK_CHILD") and multiprocessing.parent_process() is not None:
         raise RuntimeError("this app refuses to load in a child process")
-    app = Flask(__name__)
-    app.config.update(
-        SQLQUEUE_DATABASE_URI=os.environ.get("SAMPLE_DATABASE_URI"),
-        SQLQUEUE_BACKOFF_BASE=0,
-        SQLQUEUE_BACKOFF_JITTER=0,
-    )
-    app.config.update(config or {})
-    queue.init_app(app)
-    return app
+    return queue_app(__name__, queue, config)

@@ -38,13 +38,7 @@ def status(conn: Connection, now: datetime) -> list[QueueStatus]:
         )
     ):
         counts.setdefault(queue, {})[state] = n
-    oldest = dict(
-        conn.execute(
-            sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at))
-            .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
-            .group_by(jobs.c.queue)
-        ).all()
-    )
+    oldest = _oldest_eligible(conn, now)
     return [
         QueueStatus(queue, counts[queue], _aware(oldest.get(queue))) for queue in sorted(counts)
     ]
@@ -642,14 +636,19 @@ def queue_counts(
             counts[queue][state] = int(n)
         if n >= caps[state]:
             capped[queue].add(state)
-    oldest = dict(
+    oldest = _oldest_eligible(conn, now)
+    return [QueueCounts(q, counts[q], frozenset(capped[q]), _aware(oldest.get(q))) for q in names]
+
+
+def _oldest_eligible(conn: Connection, now: datetime) -> dict[str, datetime]:
+    """Per queue, the ``run_at`` of its oldest job that is due and waiting (raw)."""
+    return dict(
         conn.execute(
             sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at))
             .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
             .group_by(jobs.c.queue)
         ).all()
     )
-    return [QueueCounts(q, counts[q], frozenset(capped[q]), _aware(oldest.get(q))) for q in names]
 
 
 def cancel_requested_running(conn: Connection) -> list[int]:

@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from typing import ClassVar
@@ -75,6 +76,18 @@ def claim_candidates(
         .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
         .limit(limit)
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequest:
+    """One claim: which worker takes up to ``limit`` of which jobs, as of ``now``."""
+
+    worker_id: str
+    token: str
+    now: datetime
+    limit: int
+    queues: tuple[str, ...]
+    tasks: tuple[str, ...]
 
 
 def claim_values(worker_id: str | Any, token: str | Any, now: datetime | Any) -> dict[str, Any]:
@@ -242,50 +255,26 @@ class DialectOps:
         ``limits`` holds the concurrency and rate limits of the tasks that have them;
         their jobs are claimed only into free slots (see :meth:`claim_limited`).
         """
+        request = ClaimRequest(worker_id, token, now, limit, tuple(queues), tuple(tasks))
         limited = {task: limits[task] for task in tasks if task in limits} if limits else {}
         if limited:
-            return self.claim_limited(
-                conn,
-                worker_id=worker_id,
-                token=token,
-                now=now,
-                limit=limit,
-                queues=queues,
-                tasks=tasks,
-                limited=limited,
-            )
-        return self.claim_plain(
-            conn, worker_id=worker_id, token=token, now=now, limit=limit, queues=queues, tasks=tasks
-        )
+            return self.claim_limited(conn, request, limited)
+        return self.claim_plain(conn, request)
 
-    def claim_plain(
-        self,
-        conn: Connection,
-        *,
-        worker_id: str,
-        token: str,
-        now: datetime,
-        limit: int,
-        queues: Sequence[str],
-        tasks: Sequence[str],
-    ) -> list[Any]:
+    def claim_plain(self, conn: Connection, request: ClaimRequest) -> list[Any]:
         """The claim of a worker none of whose tasks is limited: one statement."""
-        stmt = _plain_claim(self.skip_locked, tuple(queues), tuple(tasks))
-        params = {"now": now, "limit": limit, "worker_id": worker_id, "token": token}
+        stmt = _plain_claim(self.skip_locked, request.queues, request.tasks)
+        params = {
+            "now": request.now,
+            "limit": request.limit,
+            "worker_id": request.worker_id,
+            "token": request.token,
+        }
         # RETURNING order is unspecified; restore the claim order.
         return sorted(conn.execute(stmt, params).all(), key=claim_order)
 
     def claim_limited(
-        self,
-        conn: Connection,
-        *,
-        worker_id: str,
-        token: str,
-        now: datetime,
-        limit: int,
-        queues: Sequence[str],
-        tasks: Sequence[str],
-        limited: Mapping[str, TaskLimits],
+        self, conn: Connection, request: ClaimRequest, limited: Mapping[str, TaskLimits]
     ) -> list[Any]:
         """The claim when some tasks have concurrency or rate limits, in three steps.
 
@@ -305,6 +294,7 @@ class DialectOps:
         already opened it. Either way ``started_at`` lies in the window its start was
         counted in, so the starts per window can be checked from the jobs themselves.
         """
+        now, limit, queues, tasks = request.now, request.limit, request.queues, request.tasks
         unlimited = [task for task in tasks if task not in limited]
         window = 2 * limit + 8
 
@@ -392,7 +382,9 @@ class DialectOps:
                     .where(limits_table.c.name == name)
                     .values(window_start=window_start(start, lim.period), starts=counted + n)
                 )
-        return self.mark_claimed(conn, chosen, worker_id=worker_id, token=token, now=start)
+        return self.mark_claimed(
+            conn, chosen, worker_id=request.worker_id, token=request.token, now=start
+        )
 
     def lock_buckets(self, conn: Connection, names: Sequence[str]) -> dict[str, Any]:
         """Create the rows of ``names`` in ``sqlqueue_limits`` if missing and lock them,

@@ -21,6 +21,7 @@ from ..models import jobs
 from ..models import limits as limits_table
 from .base import CLAIM_COLUMNS
 from .base import PENDING
+from .base import ClaimRequest
 from .base import DialectOps
 from .base import claim_candidates
 from .base import claim_order
@@ -57,22 +58,14 @@ class MySQLOps(DialectOps):
         elapsed = sa.func.timestampdiff(sa.literal_column("MICROSECOND"), start, end)
         return sa.type_coerce(elapsed / 1e6, sa.Float)
 
-    def claim_plain(
-        self,
-        conn: Connection,
-        *,
-        worker_id: str,
-        token: str,
-        now: datetime,
-        limit: int,
-        queues: Sequence[str],
-        tasks: Sequence[str],
-    ) -> list[Any]:
-        candidates = claim_candidates(now, limit, queues, tasks)
+    def claim_plain(self, conn: Connection, request: ClaimRequest) -> list[Any]:
+        candidates = claim_candidates(request.now, request.limit, request.queues, request.tasks)
         ids = [row.id for row in conn.execute(candidates.with_for_update(skip_locked=True))]
         if not ids:
             return []
-        return self.mark_claimed(conn, ids, worker_id=worker_id, token=token, now=now)
+        return self.mark_claimed(
+            conn, ids, worker_id=request.worker_id, token=request.token, now=request.now
+        )
 
     def mark_claimed(
         self, conn: Connection, ids: Sequence[int], *, worker_id: str, token: str, now: datetime

@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine
 
 from ...exceptions import UnsupportedDatabase
+from .base import ClaimRequest
 from .base import DialectOps
 
 CHANNEL = "sqlqueue_jobs"
@@ -52,13 +53,13 @@ class PostgresOps(DialectOps):
                 supported=["postgresql>=9.5", "mariadb>=10.6", "mysql>=8.0", "sqlite>=3.35"],
             )
 
-    def claim_plain(self, conn: Connection, **claim: Any) -> list[Any]:
+    def claim_plain(self, conn: Connection, request: ClaimRequest) -> list[Any]:
         # A queue table's statistics lag behind it (a burst of enqueues, then a drain).
         # Planned from them, a claim could read and sort every pending job, each time;
         # walking the claim index in order suits a claim of a few rows at any size.
         if not conn.info.get(_PLANNED):
             conn.exec_driver_sql(_CLAIM_PLANNER.format(local="true"))
-        return super().claim_plain(conn, **claim)
+        return super().claim_plain(conn, request)
 
     def prepare_writer(self, conn: Connection) -> None:
         # The worker's own connection, out of the pool: set once for its whole session.
