@@ -85,6 +85,9 @@ class Store:
             wakeup.wake_dir(engine.url.database or "") if self.ops.name == "sqlite" else None
         )
         self._clock_offset = timedelta(0)
+        #: Bytes one text value may take here (:meth:`DialectOps.value_limit`); the
+        #: server's own figure replaces the default once :meth:`check_server` ran.
+        self.value_limit = self.ops.default_value_limit
         self._clock_synced_at = -math.inf
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
         #: The sender of the queue's signals: the Flask app (set by the extension).
@@ -390,9 +393,19 @@ class Store:
         return self._clock_offset
 
     def check_server(self) -> None:
-        """Refuse a server version that cannot claim safely (no SKIP LOCKED)."""
+        """Refuse a server version that cannot claim safely (no SKIP LOCKED); read the
+        largest value it stores (:attr:`value_limit`)."""
         with self.read() as conn:
             self.ops.check_server(conn)
+            self.value_limit = self.ops.value_limit(conn)
+
+    def value_size(self, text: str) -> int | None:
+        """The size of ``text`` as the database counts it, if over :attr:`value_limit`;
+        ``None`` if it fits."""
+        if len(text) * 4 <= self.value_limit:
+            return None  # fits however it is encoded or escaped: no need to measure
+        size = self.ops.value_size(text)
+        return size if size > self.value_limit else None
 
     # -- reading --------------------------------------------------------------------------
 

@@ -201,6 +201,20 @@ class DialectOps:
     def check_server(self, conn: Connection) -> None:
         """Refuse a server that cannot claim safely. Default: nothing to check."""
 
+    #: Bytes one text value may take before the server's own limit is read.
+    default_value_limit: ClassVar[int] = 1_000_000_000
+
+    def value_limit(self, conn: Connection) -> int:
+        """The most bytes (as :meth:`value_size` counts them) that one text value (a
+        payload, a result, an error history) may take in a statement here. Default:
+        :attr:`default_value_limit`."""
+        return self.default_value_limit
+
+    def value_size(self, text: str) -> int:
+        """Bytes ``text`` takes in a statement, measured against :meth:`value_limit`:
+        its UTF-8 length by default."""
+        return len(text.encode("utf-8", "surrogatepass"))
+
     def notify(self, conn: Connection) -> None:
         """Tell listening workers, on commit, that a job may be eligible. Default: no-op."""
 

@@ -27,10 +27,26 @@ from .base import claim_candidates
 from .base import claim_order
 from .base import claim_values
 
+_STATEMENT_ROOM = 64 * 1024
+_ESCAPED = ("\\", "'", '"', "\0", "\n", "\r", "\x1a")
+
 
 class MySQLOps(DialectOps):
     name = "mysql"
     clock_query = "SELECT UTC_TIMESTAMP(6)"
+    # The whole statement must fit in one packet: MariaDB's default max_allowed_packet,
+    # less room for the statement's other columns.
+    default_value_limit = 16 * 2**20 - _STATEMENT_ROOM
+
+    def value_limit(self, conn: Connection) -> int:
+        packet = conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one()
+        return max(0, int(packet) - _STATEMENT_ROOM)
+
+    def value_size(self, text: str) -> int:
+        # PyMySQL sends values inside the statement's text, escaping quotes, backslashes
+        # and control characters with a backslash each.
+        escaped = sum(text.count(char) for char in _ESCAPED)
+        return len(text.encode("utf-8", "surrogatepass")) + escaped
 
     def check_server(self, conn: Connection) -> None:
         version = tuple(conn.dialect.server_version_info or (0,))

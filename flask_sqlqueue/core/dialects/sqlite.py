@@ -36,6 +36,14 @@ class SQLiteOps(DialectOps):
     # One writer at a time (BEGIN IMMEDIATE): there is nothing to skip.
     skip_locked = False
 
+    def value_limit(self, conn: Connection) -> int:
+        # SQLITE_LIMIT_LENGTH: a build may lower it from its default of 10**9 bytes.
+        dbapi = conn.connection.dbapi_connection
+        getlimit = getattr(dbapi, "getlimit", None)  # Python 3.11's sqlite3 has it
+        if getlimit is None:
+            return self.default_value_limit
+        return int(getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         if sqlite3.sqlite_version_info < MIN_VERSION:
             raise ConfigurationError(
