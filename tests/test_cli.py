@@ -35,6 +35,7 @@ QUEUE_TABLES = {
     "sqlqueue_workers",
     "sqlqueue_queues",
     "sqlqueue_limits",
+    "sqlqueue_schedules",
 }
 
 

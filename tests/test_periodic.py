@@ -24,14 +24,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from flask import Flask
 
 from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
+from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import periodic
+from flask_sqlqueue.core.models import schedules
 from flask_sqlqueue.core.periodic import KEY_PREFIX
 from flask_sqlqueue.core.periodic import Schedule
+from flask_sqlqueue.core.periodic import ScheduleInfo
 from flask_sqlqueue.core.periodic import Scheduler
+from flask_sqlqueue.core.periodic import enqueue_slot
 from tests import periodic_app
 from tests.conftest import ROOT
 from tests.conftest import SERVER_URL_VARS
@@ -78,6 +84,27 @@ def scheduler(app: Flask, *names: str) -> Scheduler:
     """A scheduler of these tasks only, on ``app``'s store."""
     registry = periodic_app.queue.registry
     return Scheduler(app.extensions["sqlqueue"].store, {name: registry[name] for name in names})
+
+
+def delete_jobs(app: Flask, task: str) -> None:
+    """Delete every job of ``task``, as the admin's delete (or retention) does."""
+    rows = query(
+        app.config["SQLQUEUE_DATABASE_URI"],
+        "SELECT id FROM sqlqueue_jobs WHERE task = :task",
+        task=task,
+    )
+    store = app.extensions["sqlqueue"].store
+    deleted = store.run_write(lambda conn: lifecycle.delete(conn, [row[0] for row in rows]))
+    assert deleted == len(rows) > 0
+
+
+def deployed(app: Flask, when: datetime, *names: str) -> None:
+    """The schedules of ``names`` are first seen at ``when`` (they start at their next slot)."""
+    scheduler(app, *names).tick(when)
+
+
+def describe_all(app: Flask) -> list[ScheduleInfo]:
+    return periodic.describe(app.extensions["sqlqueue"].store, periodic_app.queue.registry)
 
 
 # -- declaring --------------------------------------------------------------------------------
@@ -207,7 +234,14 @@ def test_a_very_long_task_name_still_makes_valid_keys() -> None:
 
 def test_one_scheduler_enqueues_each_slot_once(papp: Flask, database_uri: str) -> None:
     sched = scheduler(papp, "every_minute", "quarter_paris")
-    for now in [at(10, 0, 30), at(10, 0, 31), at(10, 0, 59), at(10, 1, 0), at(10, 1, 1)]:
+    for now in [
+        at(9, 59, 30),
+        at(10, 0, 30),
+        at(10, 0, 31),
+        at(10, 0, 59),
+        at(10, 1, 0),
+        at(10, 1, 1),
+    ]:
         sched.tick(now)
     # 10:02 is more than a minute late when the scheduler next looks: skipped.
     sched.tick(at(10, 3, 10))
@@ -232,11 +266,19 @@ def test_tick_waits_for_the_next_slot_at_most_a_second(papp: Flask) -> None:
 
 
 def test_racing_schedulers_make_one_job_per_slot(papp: Flask, database_uri: str) -> None:
-    """Four schedulers, each on an engine of its own, tick the same instants together."""
+    """Four schedulers, each on an engine of its own, tick the same instants together;
+    half-way, every job is deleted (as retention would) and no slot comes back."""
     apps = [papp, *(make_periodic_app(database_uri) for _ in range(3))]
     schedulers = [scheduler(app, "every_minute") for app in apps]
-    instants = [at(10, 0) + timedelta(minutes=n, seconds=1) for n in range(12)]
-    barrier = threading.Barrier(len(schedulers))
+    # All four see the schedule for the first time together, then race for every slot.
+    instants = [at(9, 59, 59)] + [at(10, 0) + timedelta(minutes=n, seconds=1) for n in range(12)]
+    passes = itertools.count()
+
+    def between_passes() -> None:  # run by one thread while the others wait
+        if next(passes) == 7:  # the jobs of 10:00 to 10:05 are written
+            delete_jobs(papp, "every_minute")
+
+    barrier = threading.Barrier(len(schedulers), action=between_passes)
     errors: list[BaseException] = []
 
     def run(sched: Scheduler) -> None:
@@ -256,25 +298,97 @@ def test_racing_schedulers_make_one_job_per_slot(papp: Flask, database_uri: str)
         app.extensions["sqlqueue"].store.engine.dispose()
     assert not errors
     assert keys(database_uri, "every_minute") == [
-        slot_key("every_minute", at(10, 0) + timedelta(minutes=n)) for n in range(12)
+        slot_key("every_minute", at(10, 0) + timedelta(minutes=n)) for n in range(6, 12)
+    ]
+
+
+def test_deleted_jobs_never_bring_their_slots_back(papp: Flask, database_uri: str) -> None:
+    """A schedule's jobs are deleted (retention, `flask queue purge`, the admin); neither
+    the scheduler still running nor a worker restarting within the grace enqueues the
+    slot again, and the schedule carries on."""
+    names = ("every_minute", "hourly_backfill")
+    deployed(papp, at(9, 59, 50), *names)
+    running = scheduler(papp, *names)
+    running.tick(at(10, 0, 10))
+    for name in names:
+        assert slot_key(name, at(10, 0)) in keys(database_uri, name)
+        delete_jobs(papp, name)
+
+    restarted = make_periodic_app(database_uri)
+    try:
+        scheduler(restarted, *names).tick(at(10, 0, 30))
+    finally:
+        restarted.extensions["sqlqueue"].store.engine.dispose()
+    running.tick(at(10, 0, 40))
+    assert query(database_uri, "SELECT count(*) FROM sqlqueue_jobs") == [(0,)]
+
+    running.tick(at(10, 1, 5))
+    assert keys(database_uri, "every_minute") == [slot_key("every_minute", at(10, 1))]
+    with papp.app_context():
+        last = [(info.schedule.task, info.last_slot) for info in describe_all(papp)]
+    assert ("hourly_backfill", at(10, 0)) in last and ("every_minute", at(10, 1)) in last
+
+
+def test_a_new_schedule_enqueues_nothing_for_past_slots(papp: Flask, database_uri: str) -> None:
+    queue = SQLQueue()
+
+    @queue.periodic("*/20 * * * * *", name="every_20s")
+    def every_20s() -> None: ...
+
+    store = papp.extensions["sqlqueue"].store
+    # 10:00:00, :20 and :40 came before any scheduler knew the schedule.
+    Scheduler(store, queue.registry).tick(at(10, 0, 50))
+    assert keys(database_uri, "every_20s") == []
+    # A second worker starting later agrees: the schedule began at 10:00:50.
+    Scheduler(store, queue.registry).tick(at(10, 1) + timedelta(milliseconds=500))
+    assert keys(database_uri, "every_20s") == [slot_key("every_20s", at(10, 1))]
+
+
+def test_a_pass_that_fails_half_way_keeps_neither_jobs_nor_ledger(
+    papp: Flask, database_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three missed slots go in one transaction with the ledger; the connection dies at the
+    third: the first two jobs are not kept either, and the next pass writes all three."""
+    deployed(papp, at(9, 59, 50), "hourly_backfill")
+    scheduler(papp, "hourly_backfill").tick(at(10, 0, 10))
+    written: list[datetime] = []
+
+    def dies_at_the_third(*args: Any) -> Any:
+        written.append(args[3])
+        if len(written) == 3:
+            raise sa.exc.OperationalError("INSERT", None, Exception("connection lost"))
+        return enqueue_slot(*args)
+
+    # Every worker was down from 10:30 to 13:20.
+    monkeypatch.setattr(periodic, "enqueue_slot", dies_at_the_third)
+    sched = scheduler(papp, "hourly_backfill")
+    sched.tick(at(13, 20))
+    assert written == [at(11, 0), at(12, 0), at(13, 0)]
+    assert keys(database_uri, "hourly_backfill") == [slot_key("hourly_backfill", at(10, 0))]
+    monkeypatch.undo()
+    sched.tick(at(13, 20, 1))
+    assert keys(database_uri, "hourly_backfill") == [
+        slot_key("hourly_backfill", at(hour, 0)) for hour in (10, 11, 12, 13)
     ]
 
 
 def test_the_database_refuses_a_second_job_for_a_slot(papp: Flask, database_uri: str) -> None:
-    """Past the scheduler's own check: two enqueues of one slot leave one job."""
-    sched = scheduler(papp, "every_minute")
+    """Past the scheduler's ledger: two enqueues of one slot leave one job."""
     task = periodic_app.queue.registry["every_minute"]
     assert task.schedule is not None
-    key = task.schedule.key(at(10, 0))
-    sched._enqueue(task, task.schedule, at(10, 0), key)
-    sched._enqueue(task, task.schedule, at(10, 0), key)
-    assert keys(database_uri, "every_minute") == [key]
+    store = papp.extensions["sqlqueue"].store
+    first = enqueue_slot(store, task, task.schedule, at(10, 0))
+    with store.write() as conn:
+        again = enqueue_slot(store, task, task.schedule, at(10, 0), conn)
+    assert again.id == first.id
+    assert keys(database_uri, "every_minute") == [task.schedule.key(at(10, 0))]
 
 
 # -- missed slots ------------------------------------------------------------------------------
 
 
 def test_without_backfill_missed_slots_stay_missed(papp: Flask, database_uri: str) -> None:
+    deployed(papp, at(9, 59, 50), "every_minute")
     scheduler(papp, "every_minute").tick(at(10, 0, 10))
     # Every worker was down from 10:00:10 to 10:05:30; a new one starts.
     scheduler(papp, "every_minute").tick(at(10, 5, 30))
@@ -285,6 +399,7 @@ def test_without_backfill_missed_slots_stay_missed(papp: Flask, database_uri: st
 
 
 def test_backfill_enqueues_missed_slots_up_to_the_limit(papp: Flask, database_uri: str) -> None:
+    deployed(papp, at(9, 59, 50), "hourly_backfill")
     scheduler(papp, "hourly_backfill").tick(at(10, 0, 10))
     # Down until 16:20: 11:00 to 16:00 were missed; backfill_limit=3 keeps the newest 3.
     sched = scheduler(papp, "hourly_backfill")
@@ -310,6 +425,7 @@ def test_backfill_enqueues_missed_slots_up_to_the_limit(papp: Flask, database_ur
 
 
 def test_backfill_goes_back_no_further_than_its_window(papp: Flask, database_uri: str) -> None:
+    deployed(papp, at(5, 59, 50, day=1), "daily_backfill")
     scheduler(papp, "daily_backfill").tick(at(6, 0, 5, day=1))
     # Down for five days: 06:00 of days 2-6 were missed; the window is two days.
     scheduler(papp, "daily_backfill").tick(at(7, 0, day=6))
@@ -321,11 +437,17 @@ def test_backfill_goes_back_no_further_than_its_window(papp: Flask, database_uri
 def test_backfill_of_a_schedule_that_never_ran_starts_now(papp: Flask, database_uri: str) -> None:
     scheduler(papp, "hourly_backfill").tick(at(16, 20))
     assert keys(database_uri, "hourly_backfill") == []
+    # Seen since 16:20: every worker down from 16:30 to 18:30 misses 17:00 and 18:00.
+    scheduler(papp, "hourly_backfill").tick(at(18, 30))
+    assert keys(database_uri, "hourly_backfill") == [
+        slot_key("hourly_backfill", at(hour, 0)) for hour in (17, 18)
+    ]
 
 
 def test_a_slot_that_could_not_be_written_is_tried_again(papp: Flask, database_uri: str) -> None:
     """The database goes away (here: the jobs table is renamed) over a slot."""
     sched = scheduler(papp, "every_minute")
+    sched.tick(at(9, 59, 50))
     sched.tick(at(10, 0, 10))
     query(database_uri, "ALTER TABLE sqlqueue_jobs RENAME TO sqlqueue_jobs_away")
     try:
@@ -386,6 +508,7 @@ def test_a_burst_worker_does_not_schedule(papp: Flask, database_uri: str) -> Non
 
 
 def test_periodic_command_lists_schedules(papp: Flask, database_uri: str) -> None:
+    deployed(papp, at(9, 59, 50), "every_minute")
     scheduler(papp, "every_minute").tick(at(10, 0, 10))
     result = papp.test_cli_runner().invoke(args=["queue", "periodic"])
     assert result.exit_code == 0, result.output
@@ -416,6 +539,7 @@ def test_periodic_command_without_schedules(ctx: Flask) -> None:
 
 
 def test_admin_dashboard_lists_schedules(papp: Flask, database_uri: str) -> None:
+    deployed(papp, at(9, 59, 50), "quarter_paris")
     scheduler(papp, "quarter_paris").tick(at(10, 0, 10))
     papp.secret_key = "test secret"
     papp.register_blueprint(
@@ -482,7 +606,6 @@ def test_acceptance_two_worker_processes_for_three_minutes(tmp_path: Path) -> No
                         stderr=subprocess.STDOUT,
                     )
                 workers.append((kind, proc, log))
-        started = datetime.now(UTC)
         try:
             deadline = time.monotonic() + 180
             # Stop well away from a minute boundary, so the last slot's job has run.
@@ -510,20 +633,29 @@ def test_acceptance_two_worker_processes_for_three_minutes(tmp_path: Path) -> No
             found = sorted(key for key, _ in rows)
             assert len(found) == len(set(found)), f"{kind}: a slot has two jobs: {found}"
             slots = [_slot(key) for key in found]
-            # Every minute boundary while the workers ran, plus the one up to a minute
-            # before they started (the grace), each exactly once, with no gaps.
-            first = started.replace(second=0, microsecond=0) + timedelta(minutes=1)
+            # Every minute boundary from the first scheduler's first look (a new schedule
+            # starts at its next slot) until the workers stopped, each exactly once.
+            first = _first_seen(uri).replace(second=0, microsecond=0) + timedelta(minutes=1)
             expected = [
                 first + timedelta(minutes=n)
                 for n in range(5)
                 if first + timedelta(minutes=n) < stopped
             ]
             assert len(slots) >= 3, f"{kind}: {found}"
-            assert set(expected) <= set(slots), f"{kind}: missing slots: {found}"
-            assert all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(slots)), (
-                f"{kind}: gaps: {found}"
-            )
+            assert slots == expected, f"{kind}: {found}, not {expected}"
             assert {status for _, status in rows} == {"completed"}, f"{kind}: {rows}"
+
+
+def _first_seen(uri: str) -> datetime:
+    engine = sa.create_engine(uri)
+    try:
+        with engine.connect() as conn:
+            seen: datetime = conn.execute(
+                sa.select(schedules.c.created_at).where(schedules.c.task == "every_minute")
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    return seen
 
 
 def _slot(key: str) -> datetime:

@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,11 @@ from flask import Flask
 
 from flask_sqlqueue import SchemaError
 from flask_sqlqueue import schema
+from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import periodic
 from flask_sqlqueue.core.enqueue import EnqueueOptions
 from flask_sqlqueue.core.models import VERSION_TABLE
+from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import metadata
 from flask_sqlqueue.core.store import Store
 from tests import sample_app
@@ -41,6 +46,7 @@ QUEUE_TABLES = {
     "sqlqueue_workers",
     "sqlqueue_queues",
     "sqlqueue_limits",
+    "sqlqueue_schedules",
 }
 HINT = "flask queue db upgrade"
 EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -252,8 +258,8 @@ def test_cli_db_commands_round_trip(make_app: Any, database_uri: str) -> None:
     assert HINT in result.output
 
 
-def test_models_match_the_migrations(make_app: Any) -> None:
-    engine = _store(make_app()).engine
+def _differences(engine: sa.Engine) -> list[Any]:
+    """What Alembic finds between the models and the database's schema."""
     with engine.connect() as conn:
         # The queue's version table is Alembic's own bookkeeping, not part of the models:
         # told its name, Alembic leaves it out of the comparison as it does when migrating.
@@ -265,7 +271,11 @@ def test_models_match_the_migrations(make_app: Any) -> None:
                 "compare_server_default": True,
             },
         )
-        assert compare_metadata(context, metadata) == []
+        return list(compare_metadata(context, metadata))
+
+
+def test_models_match_the_migrations(make_app: Any) -> None:
+    assert _differences(_store(make_app()).engine) == []
 
 
 def test_columns_have_the_collations_of_the_models(make_app: Any) -> None:
@@ -283,7 +293,7 @@ def test_columns_have_the_collations_of_the_models(make_app: Any) -> None:
             if wanted is not None:
                 assert reflected[column.name] == wanted, (table.name, column.name)
                 checked += 1
-    assert checked == (7 if engine.dialect.name == "mysql" else 0)
+    assert checked == (8 if engine.dialect.name == "mysql" else 0)
 
 
 # Where each database shows an index's definition as it was created.
@@ -295,10 +305,7 @@ INDEX_DEFINITION = {
 }
 
 
-def test_migrations_create_the_claim_index_descending(
-    make_app: Any, database_uri: str, backend: str
-) -> None:
-    make_app()
+def _assert_claim_index_descending(database_uri: str, backend: str) -> None:
     ((*_, sql),) = _sql(database_uri, INDEX_DEFINITION[backend])
     if backend == "mysql":
         (sql,) = [line for line in sql.splitlines() if "`ix_sqlqueue_jobs_claim`" in line]
@@ -307,6 +314,98 @@ def test_migrations_create_the_claim_index_descending(
         assert "(status, priority DESC, run_at, id) WHERE" in sql
         assert sql.replace("(", "").replace(")", "").split(" WHERE ")[1].startswith("status")
         assert "'pending'" in sql
+
+
+def test_migrations_create_the_claim_index_descending(
+    make_app: Any, database_uri: str, backend: str
+) -> None:
+    make_app()
+    _assert_claim_index_descending(database_uri, backend)
+
+
+# -- job ids only grow ------------------------------------------------------------------------
+
+
+def _delete(store: Store, ids: list[int]) -> None:
+    """Delete jobs as the admin's delete (or a purge) does."""
+    assert store.run_write(lambda conn: lifecycle.delete(conn, ids)) == len(ids)
+
+
+def test_the_id_of_a_deleted_job_is_never_given_again(make_app: Any) -> None:
+    app = make_app()
+    with app.app_context():
+        given = [sample_app.add.enqueue(n, n).id for n in range(3)]
+        _delete(_store(app), given[1:])  # the newest ones: SQLite gave the largest id out again
+        again = sample_app.add.enqueue(3, 3)
+        assert again.id > max(given)
+        given.append(again.id)
+        _delete(_store(app), [again.id])
+        # Many jobs in one multi-row INSERT: each id is still its own call's.
+        many = sample_app.add.enqueue_many([([n, 0], {}) for n in range(4)])
+        ids = [job.id for job in many]
+        assert ids == sorted(ids) and min(ids) > max(given)
+        stored = [sample_app.queue.get_job(job_id) for job_id in ids]
+        assert [job.args if job else None for job in stored] == [[n, 0] for n in range(4)]
+
+
+@pytest.mark.sqlite_only
+def test_sqlite_jobs_table_autoincrements_as_the_models_say(
+    make_app: Any, database_uri: str
+) -> None:
+    make_app()
+    ((sql,),) = _sql(database_uri, "SELECT sql FROM sqlite_master WHERE name = 'sqlqueue_jobs'")
+    declared = str(sa.schema.CreateTable(jobs).compile(dialect=sa.dialects.sqlite.dialect()))
+    for ddl in (sql, declared):
+        assert "id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT" in ddl
+
+
+def _jobs(database_uri: str) -> list[tuple[Any, ...]]:
+    return _sql(database_uri, "SELECT * FROM sqlqueue_jobs ORDER BY id")
+
+
+def test_upgrade_to_growing_ids_keeps_every_job(
+    make_app: Any, database_uri: str, backend: str
+) -> None:
+    """From 0004 with jobs in the table: every row is kept, the schema is the models',
+    and no id given before (a purged job's, still named by its effect) is given again."""
+    app = make_app(upgrade=False)
+    store = _store(app)
+    schema.upgrade(store.engine, "0004")
+    slots = [f"{periodic.KEY_PREFIX}hourly:2024-06-03T{hour:02d}:00:00Z" for hour in (9, 11, 10)]
+    given = [
+        store.enqueue("hourly", EMPTY_PAYLOAD, EnqueueOptions(idempotency_key=key)).id
+        for key in slots
+    ]
+    given += [store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id for _ in range(3)]
+    with store.write() as conn:
+        store.ops.insert_effect(conn, "mail:1", given[-1], store.now())
+    _delete(store, given[-2:])
+    kept = _jobs(database_uri)
+    assert len(kept) == 4
+
+    sample_app.queue.upgrade_database(app=app)
+    assert _jobs(database_uri) == kept
+    assert _differences(store.engine) == []
+    _assert_claim_index_descending(database_uri, backend)
+    # The ledger starts at each task's newest periodic slot, whatever the insert order.
+    with store.read() as conn:
+        assert periodic.last_slots(conn, ["hourly", "some.task"]) == {
+            "hourly": datetime(2024, 6, 3, 11, tzinfo=UTC)
+        }
+    newer = store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id
+    assert newer > max(given)
+    given.append(newer)
+    kept = _jobs(database_uri)
+
+    schema.downgrade(store.engine, "0004")
+    assert _jobs(database_uri) == kept
+    assert "sqlqueue_schedules" not in _tables(database_uri)
+    schema.upgrade(store.engine)
+    assert _jobs(database_uri) == kept
+    assert _differences(store.engine) == []
+    _assert_claim_index_descending(database_uri, backend)
+    with app.app_context():
+        assert sample_app.add.enqueue(1, 2).id > max(given)
 
 
 # -- SQLite connection settings ------------------------------------------------------------------

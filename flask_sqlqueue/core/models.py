@@ -1,4 +1,4 @@
-"""The queue's tables: jobs, job effects and workers.
+"""The queue's tables: jobs, job effects, workers, queues, limits and schedules.
 
 Every table name starts with ``sqlqueue_`` so it can share a database with the app's own
 tables, and the metadata is separate from the app's so the app's migrations never see it.
@@ -24,6 +24,7 @@ EFFECTS_TABLE = "sqlqueue_job_effects"
 WORKERS_TABLE = "sqlqueue_workers"
 QUEUES_TABLE = "sqlqueue_queues"
 LIMITS_TABLE = "sqlqueue_limits"
+SCHEDULES_TABLE = "sqlqueue_schedules"
 VERSION_TABLE = "sqlqueue_alembic_version"
 
 metadata = sa.MetaData(
@@ -179,7 +180,11 @@ class JobRow(Base):
         sa.Index(
             "ix_sqlqueue_jobs_task_concurrency_key_status", "task", "concurrency_key", "status"
         ),
-        MYSQL_TABLE,
+        # Ids only grow: an app may keep a job's id, and must never find it naming another
+        # job. SQLite's plain INTEGER PRIMARY KEY gives the largest freed id out again;
+        # AUTOINCREMENT never does. PostgreSQL's sequence and InnoDB's counter (kept
+        # across restarts by every server version the queue accepts) never go back.
+        {"sqlite_autoincrement": True, **MYSQL_TABLE},
     )
 
 
@@ -251,11 +256,34 @@ class LimitRow(Base):
     __table_args__ = MYSQL_TABLE
 
 
+class ScheduleRow(Base):
+    """A periodic schedule's ledger: which of its slots are done, apart from job rows.
+
+    A slot counts as done once it is at most ``last_slot``; the row is locked and moved
+    forward in the transaction that writes the slot's job, so a crash never loses or
+    doubles a slot, and pruning or purging jobs never brings one back. One row per task,
+    never pruned: a schedule's slots only ever move forward, so the newest one is all
+    there is to remember, and a row outlives a removed schedule at the cost of a line.
+    """
+
+    __tablename__ = SCHEDULES_TABLE
+
+    task: Mapped[str] = mapped_column(ExactString(255), primary_key=True)
+    #: The newest slot enqueued; ``None`` until the first.
+    last_slot: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    #: When a scheduler first saw the schedule: no slot before it is ever enqueued.
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = MYSQL_TABLE
+
+
 jobs: sa.Table = JobRow.__table__  # type: ignore[assignment]
 effects: sa.Table = JobEffectRow.__table__  # type: ignore[assignment]
 workers: sa.Table = WorkerRow.__table__  # type: ignore[assignment]
 queues: sa.Table = QueueRow.__table__  # type: ignore[assignment]
 limits: sa.Table = LimitRow.__table__  # type: ignore[assignment]
+schedules: sa.Table = ScheduleRow.__table__  # type: ignore[assignment]
 
 # The claim: pending jobs in priority order, then run_at, then id. Declared on the bound
 # columns so DESC is a column sort order that Alembic compares with the reflected index;

@@ -2,9 +2,13 @@
 
 Every worker runs a small scheduler (a thread that wakes about once a second, or at the
 next slot if that comes sooner). There is no leader that could die: any number of
-schedulers may see the same slot, and the database lets one job through, because the
-job for a slot carries the idempotency key ``sqlqueue:periodic:<task>:<slot in UTC>``
-and that column is unique.
+schedulers may see the same slot, and the database lets one job through. Each schedule
+has a ledger row in ``sqlqueue_schedules`` holding the newest slot enqueued; a scheduler
+locks that row, enqueues the due slots after it and moves it forward, all in one
+transaction, so a crash never loses or doubles a slot, and a second scheduler waiting
+for the lock finds the slots done. Job rows play no part in it: jobs pruned by
+retention or purged never make their slots due again. (The job of a slot also carries
+the unique idempotency key ``sqlqueue:periodic:<task>:<slot in UTC>``, a second guard.)
 
 Slots are computed in the schedule's time zone (so ``0 9 * * *`` in ``Europe/Paris``
 stays at 09:00 local time across daylight-saving changes, with Debian cron's rules for
@@ -13,15 +17,14 @@ agree on which slot is due.
 
 Which slots a scheduler enqueues:
 
-- ``backfill=False`` (the default): a slot whose time came at most
+- A schedule no scheduler has seen before (no ledger row) starts at its next slot:
+  the slots before that are not its to run.
+- ``backfill=False`` (the default): a slot after the ledger's whose time came at most
   :data:`MISFIRE_GRACE` ago. A slot that no scheduler saw within that grace (every
   worker was down) is skipped; the next one runs as usual.
-- ``backfill=True``: on start, also the slots missed since the newest slot ever
-  enqueued for the task, at most ``backfill_limit`` of them (the newest ones) and none
-  older than ``backfill_window``; afterwards any slot missed while this scheduler could
-  not reach the database, within the same bounds. A schedule that never enqueued a
-  slot has nothing to catch up on. Keep ``backfill_window`` shorter than the time
-  finished jobs are kept: a slot whose job was deleted could be enqueued again.
+- ``backfill=True``: also the slots missed since the newest slot enqueued (or since the
+  schedule was first seen), at most ``backfill_limit`` of them (the newest ones) and
+  none older than ``backfill_window``.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from sqlalchemy.engine import Connection
 from ..exceptions import ConfigurationError
 from ..exceptions import SQLQueueError
 from .enqueue import EnqueueOptions
-from .models import jobs
+from .models import schedules
 from .payload import encode_payload
 
 if TYPE_CHECKING:
@@ -195,6 +198,14 @@ class Schedule:
                 return
             yield slot
 
+    def due(self, cursor: datetime, now: datetime) -> tuple[list[datetime], int]:
+        """The slots to enqueue at ``now`` when every slot up to ``cursor`` is done, and
+        how many more ``backfill_limit`` leaves out (see the module docs)."""
+        grace = self.backfill_window if self.backfill else MISFIRE_GRACE
+        due = list(self.slots(max(cursor, now - grace), now))
+        skipped = max(0, len(due) - self.backfill_limit) if self.backfill else 0
+        return due[skipped:], skipped
+
     def next_slot(self, after: datetime) -> datetime | None:
         """The first slot after ``after``, in UTC (``None`` if there is none for 50 years)."""
         for local in CronSim(self.expression, after.astimezone(self.zone)):
@@ -224,24 +235,19 @@ class Schedule:
         return datetime.strptime(rest, _SLOT_FORMAT).replace(tzinfo=UTC)
 
 
-def newest_slot(conn: Connection, schedule: Schedule) -> datetime | None:
-    """The newest slot ever enqueued for ``schedule`` whose job still exists."""
-    pattern = _escape_like(schedule.key_prefix) + "%"
+def last_slots(conn: Connection, names: Iterable[str]) -> dict[str, datetime | None]:
+    """The newest slot enqueued for each of the tasks ``names`` (``None``: none yet)."""
     rows = conn.execute(
-        sa.select(jobs.c.idempotency_key)
-        .where(jobs.c.task == schedule.task, jobs.c.idempotency_key.like(pattern, escape="!"))
-        # Backfills insert oldest first and racing schedulers insert close together, so
-        # the newest slot is among the newest rows; keys are compared in Python, not by
-        # the database's collation.
-        .order_by(jobs.c.id.desc())
-        .limit(100)
-    ).scalars()
-    slots = [slot for key in rows if (slot := schedule.slot_of(key)) is not None]
-    return max(slots, default=None)
+        sa.select(schedules.c.task, schedules.c.last_slot).where(schedules.c.task.in_(names))
+    )
+    return {task: last for task, last in rows}
 
 
-def _escape_like(text: str) -> str:
-    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+def _cursor(row: Any) -> datetime:
+    """Every slot up to this time is done: the newest one enqueued, or if none yet, the
+    moment the schedule was first seen."""
+    cursor: datetime = row.last_slot if row.last_slot is not None else row.created_at
+    return cursor
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,16 +273,17 @@ def describe(
     if not tasks:
         return []
     with store.read() as conn:
-        return [
-            ScheduleInfo(
-                schedule=task.schedule,
-                queue=task.options.queue or "default",
-                next_run=task.schedule.next_slot(now),
-                last_slot=newest_slot(conn, task.schedule),
-            )
-            for task in tasks
-            if task.schedule is not None
-        ]
+        last = last_slots(conn, [task.name for task in tasks])
+    return [
+        ScheduleInfo(
+            schedule=task.schedule,
+            queue=task.options.queue or "default",
+            next_run=task.schedule.next_slot(now),
+            last_slot=last.get(task.name),
+        )
+        for task in tasks
+        if task.schedule is not None
+    ]
 
 
 def scheduled_tasks(registry: Mapping[str, Task[Any, Any]]) -> list[Task[Any, Any]]:
@@ -286,10 +293,19 @@ def scheduled_tasks(registry: Mapping[str, Task[Any, Any]]) -> list[Task[Any, An
     ]
 
 
-def enqueue_slot(store: Store, task: Task[Any, Any], schedule: Schedule, slot: datetime) -> Job:
-    """The job of ``slot``: written now, or the one written before (same key)."""
+def enqueue_slot(
+    store: Store,
+    task: Task[Any, Any],
+    schedule: Schedule,
+    slot: datetime,
+    conn: Connection | None = None,
+) -> Job:
+    """The job of ``slot``: written now, or the one written before (same key); in the
+    transaction of ``conn`` if given."""
     # run_at is the slot itself: a late or backfilled slot runs at once, in slot order.
-    options = task.options.merged(EnqueueOptions(idempotency_key=schedule.key(slot), run_at=slot))
+    options = task.options.merged(
+        EnqueueOptions(idempotency_key=schedule.key(slot), run_at=slot, session=conn)
+    )
     return store.enqueue(task.name, schedule.payload, options)
 
 
@@ -311,7 +327,8 @@ class Scheduler:
         self.store = store
         self.tasks = scheduled_tasks(registry)
         self.clock = clock or store.now
-        #: Per task: every slot up to this time has been dealt with.
+        #: Per task: the ledger's cursor as this scheduler last read it; a pass with no
+        #: slot due after it touches no table.
         self._cursor: dict[str, datetime] = {}
 
     def tick(self, now: datetime | None = None) -> float:
@@ -338,49 +355,63 @@ class Scheduler:
     def _enqueue_due(self, task: Task[Any, Any], schedule: Schedule, now: datetime) -> None:
         cursor = self._cursor.get(task.name)
         if cursor is None:
-            cursor = now - MISFIRE_GRACE
-            if schedule.backfill:
-                with self.store.read() as conn:
-                    newest = newest_slot(conn, schedule)
-                if newest is not None:
-                    cursor = max(newest, now - schedule.backfill_window)
-        elif schedule.backfill:
-            cursor = max(cursor, now - schedule.backfill_window)
-        else:
-            cursor = max(cursor, now - MISFIRE_GRACE)
-        due = list(schedule.slots(cursor, now))
-        if schedule.backfill and len(due) > schedule.backfill_limit:
-            skipped = len(due) - schedule.backfill_limit
+            cursor = self._cursor[task.name] = self._first_look(task.name, now)
+        if not schedule.due(cursor, now)[0]:
+            return
+        before = self.store.now()
+        with self.store.write() as conn:
+            # Held until commit: a second scheduler of this slot waits here, then finds it done.
+            row = conn.execute(
+                sa.select(schedules).where(schedules.c.task == task.name).with_for_update()
+            ).first()
+            if row is None:  # the ledger row was deleted: the schedule starts afresh
+                del self._cursor[task.name]
+                return
+            cursor = _cursor(row)
+            due, skipped = schedule.due(cursor, now)
+            made = [enqueue_slot(self.store, task, schedule, slot, conn) for slot in due]
+            if due:
+                conn.execute(
+                    sa.update(schedules)
+                    .where(schedules.c.task == task.name)
+                    .values(last_slot=due[-1], updated_at=now)
+                )
+        self._cursor[task.name] = due[-1] if due else cursor
+        if not due:
+            return
+        self.store.wake()  # the jobs' own wake-ups came before the commit
+        if skipped:
             log.warning(
                 "periodic task %s: %d missed slot(s) before %s are past backfill_limit=%d; skipped",
                 task.name,
                 skipped,
-                due[skipped].strftime(_SLOT_FORMAT),
+                due[0].strftime(_SLOT_FORMAT),
                 schedule.backfill_limit,
             )
-            due = due[skipped:]
-        if due:
-            with self.store.read() as conn:
-                taken = set(
-                    conn.execute(
-                        sa.select(jobs.c.idempotency_key).where(
-                            jobs.c.idempotency_key.in_([schedule.key(slot) for slot in due])
-                        )
-                    ).scalars()
-                )
-            for slot in due:
+        for slot, job in zip(due, made, strict=True):
+            if job.created_at >= before:  # not a job this slot's key already had
                 key = schedule.key(slot)
-                if key not in taken:
-                    self._enqueue(task, schedule, slot, key)
-                # Advance slot by slot: a failure leaves the rest for the next pass.
-                self._cursor[task.name] = slot
-        self._cursor[task.name] = max(now, self._cursor.get(task.name, now))
+                log.info("periodic task %s: slot %s enqueued as job %s", task.name, key, job.id)
 
-    def _enqueue(self, task: Task[Any, Any], schedule: Schedule, slot: datetime, key: str) -> None:
-        before = self.store.now()
-        job = enqueue_slot(self.store, task, schedule, slot)
-        if job.created_at >= before:  # not one another scheduler wrote first
-            log.info("periodic task %s: slot %s enqueued as job %s", task.name, key, job.id)
+    def _first_look(self, name: str, now: datetime) -> datetime:
+        """The ledger's cursor for ``name``; a schedule seen for the first time gets its
+        row here, starting at ``now``."""
+        with self.store.read() as conn:
+            row = conn.execute(sa.select(schedules).where(schedules.c.task == name)).first()
+        if row is not None:
+            return _cursor(row)
+        with self.store.write() as conn:
+            try:
+                with conn.begin_nested():
+                    conn.execute(
+                        sa.insert(schedules).values(
+                            task=name, last_slot=None, created_at=now, updated_at=now
+                        )
+                    )
+            except sa.exc.IntegrityError:
+                pass  # another scheduler saw it first: its row counts
+            row = conn.execute(sa.select(schedules).where(schedules.c.task == name)).one()
+        return _cursor(row)
 
     def start(self, stop: threading.Event) -> threading.Thread | None:
         """Run :meth:`tick` on a daemon thread until ``stop`` is set; ``None`` without

@@ -321,8 +321,9 @@ class Store:
         if conn.dialect.name == "sqlite":
             # SQLAlchemy cannot match RETURNING rows to parameters on SQLite, so with
             # sort_by_parameter_order it inserts a row at a time. It need not: under the
-            # single write lock each row gets the next rowid in insert order, so the ids
-            # in ascending order are the rows' ids in order.
+            # single write lock each row gets the next rowid in insert order (with
+            # AUTOINCREMENT, one past the largest ever given), so the ids in ascending
+            # order are the rows' ids in order.
             result = conn.execute(sa.insert(jobs).returning(jobs.c.id), rows)
             return sorted(int(job_id) for job_id in result.scalars())
         if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
