@@ -9,6 +9,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable
+from collections.abc import Collection
 from datetime import datetime
 from datetime import timedelta
 from types import FrameType
@@ -258,7 +259,7 @@ def status_command() -> None:
     now = state.store.now()
     with state.store.read() as conn:
         rows = queries.status(conn, now)
-        waiting = queries.pending_tasks(conn)
+        cover = queries.coverage(conn, now - timedelta(seconds=state.settings.stale_after))
     if not rows:
         click.echo("No jobs.")
         _echo_schedules(state, now)
@@ -282,17 +283,16 @@ def status_command() -> None:
         click.echo(
             f"warning: jobs with unknown status {status!r}; no worker touches them.", err=True
         )
-    unknown = [(task, n) for task, n in waiting if task not in state.queue.registry]
-    for task, n in unknown:
-        click.echo(
-            f"warning: {n} pending job(s) for task {task!r}, which this app does not register; "
-            "no worker of this app will run them.",
-            err=True,
-        )
+    _echo_unserved(cover, state.queue.registry)
     _echo_schedules(state, now)
     _echo_controls(state, now)
     policy = retention.RetentionPolicy.from_settings(state.settings)
     click.echo(f"retention: {retention.describe(policy)}")
+
+
+def _echo_unserved(cover: queries.Coverage, registered: Collection[str]) -> None:
+    for what, fix in cover.warnings(registered):
+        click.echo(f"warning: {what}; {fix}.", err=True)
 
 
 def _echo_controls(state: _State, now: datetime) -> None:

@@ -137,7 +137,7 @@ def _workers_and_jobs(store: Store, registered: set[str]) -> list[Finding]:
         dead = conn.execute(
             sa.select(sa.func.count()).where(jobs.c.status == JobStatus.DEAD.value)
         ).scalar_one()
-        waiting = queries.pending_tasks(conn)
+        cover = queries.coverage(conn, stale_before)
     stale = [row.id for row in rows if row.last_heartbeat_at < stale_before]
     live = len(rows) - len(stale)
     found.append(Finding(OK, f"{live} live worker(s), {running} job(s) running"))
@@ -149,15 +149,7 @@ def _workers_and_jobs(store: Store, registered: set[str]) -> list[Finding]:
                 "flask queue rescue (live workers also do it on their own)",
             )
         )
-    for task, n in waiting:
-        if task not in registered:
-            found.append(
-                Finding(
-                    WARN,
-                    f"{n} pending job(s) for {task!r}, which this app does not register",
-                    "import the task's module in the app, or cancel them",
-                )
-            )
+    found += [Finding(WARN, what, fix) for what, fix in cover.warnings(registered)]
     if dead:
         found.append(
             Finding(

@@ -8,6 +8,7 @@ All functions take a connection inside a write transaction the caller owns.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -421,6 +422,7 @@ def register_worker(
     queues: Sequence[str],
     concurrency: int,
     now: datetime,
+    tasks: Sequence[str] | None = None,
 ) -> None:
     conn.execute(
         sa.insert(workers).values(
@@ -428,6 +430,7 @@ def register_worker(
             host=host,
             pid=pid,
             queues=",".join(queues),
+            tasks=None if tasks is None else json.dumps(sorted(tasks)),
             concurrency=concurrency,
             started_at=now,
             last_heartbeat_at=now,

@@ -216,6 +216,9 @@ class WorkerRow(Base):
     pid: Mapped[int] = mapped_column(sa.Integer)
     #: Comma-separated queue names, empty for "every queue".
     queues: Mapped[str] = mapped_column(LongText, default="")
+    #: The task names the worker registers, as a JSON list; ``None`` for a worker of a
+    #: version that did not record them (taken to run every task).
+    tasks: Mapped[str | None] = mapped_column(LongText)
     concurrency: Mapped[int] = mapped_column(sa.Integer)
     started_at: Mapped[datetime] = mapped_column(UTCDateTime)
     last_heartbeat_at: Mapped[datetime] = mapped_column(UTCDateTime, index=True)

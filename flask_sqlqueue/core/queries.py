@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timedelta
@@ -51,17 +53,90 @@ def _aware(value: Any) -> datetime | None:
     return jobs.c.run_at.type.process_result_value(value, None)  # type: ignore[no-any-return,attr-defined]
 
 
-def pending_tasks(conn: Connection) -> list[tuple[str, int]]:
-    """Names of tasks that have pending jobs, with how many."""
-    return [
-        (task, n)
-        for task, n in conn.execute(
-            sa.select(jobs.c.task, sa.func.count())
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """Pending jobs of one task in one queue that no live worker claims."""
+
+    queue: str
+    task: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    """Which pending jobs the live workers would run: ``live`` workers, and the
+    pending jobs none of them would claim, by queue and task."""
+
+    live: int
+    unserved: list[Unserved]
+
+    def warnings(self, registered: Collection[str]) -> list[tuple[str, str]]:
+        """``(what, fix)`` for each group of unserved jobs, as an app that registers
+        ``registered`` should say it. With no live worker at all, one line stands for
+        the jobs the app's own workers would run."""
+        found = []
+        idle = 0
+        for item in self.unserved:
+            what = (
+                f"{item.count} pending job(s) of task {item.task!r} in queue "
+                f"{item.queue!r}: no live worker runs them"
+            )
+            if item.task not in registered:
+                fix = (
+                    "this app does not register the task either: import the module that defines it"
+                )
+            elif not self.live:
+                idle += item.count
+                continue
+            else:
+                fix = (
+                    f"start a worker that serves queue {item.queue!r}, or restart workers "
+                    "that predate the task"
+                )
+            found.append((what, fix))
+        if idle:
+            found.insert(
+                0, (f"no live worker; {idle} pending job(s) wait for one", "flask queue work")
+            )
+        return found
+
+
+def coverage(conn: Connection, alive_since: datetime) -> Coverage:
+    """The pending jobs that no live worker claims: no worker that serves their queue
+    registers their task (a worker of an older deploy, a module the worker does not
+    import, a queue no worker is started for). Live: not stopped, and heartbeating
+    since ``alive_since``."""
+    served = []
+    for row in conn.execute(
+        sa.select(workers.c.queues, workers.c.tasks).where(
+            workers.c.stopped_at.is_(None), workers.c.last_heartbeat_at >= alive_since
+        )
+    ):
+        queues = frozenset(row.queues.split(",")) if row.queues else None
+        served.append((queues, _task_names(row.tasks)))
+    unserved = [
+        Unserved(queue, task, n)
+        for queue, task, n in conn.execute(
+            sa.select(jobs.c.queue, jobs.c.task, sa.func.count())
             .where(jobs.c.status == JobStatus.PENDING.value)
-            .group_by(jobs.c.task)
-            .order_by(jobs.c.task)
+            .group_by(jobs.c.queue, jobs.c.task)
+            .order_by(jobs.c.queue, jobs.c.task)
+        )
+        if not any(
+            (queues is None or queue in queues) and (tasks is None or task in tasks)
+            for queues, tasks in served
         )
     ]
+    return Coverage(len(served), unserved)
+
+
+def _task_names(text: str | None) -> frozenset[str] | None:
+    """A worker row's task names; ``None`` (every task) if unrecorded or unreadable."""
+    try:
+        names = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return frozenset(map(str, names)) if isinstance(names, list) else None
 
 
 def list_jobs(

@@ -42,6 +42,7 @@ from ..exceptions import Retry
 from . import lifecycle
 from . import logcontext
 from . import periodic
+from . import queries
 from . import retention
 from . import signals
 from .context import JobContext
@@ -67,6 +68,8 @@ _MAX_TRACEBACK = 50_000
 #: concurrency instead of one commit per job or two; a job running longer than this is
 #: not waited for.
 LINGER = 0.001
+#: Seconds between two checks for pending jobs that no live worker claims.
+COVERAGE_INTERVAL = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +209,8 @@ class Worker:
         self._last_heartbeat_ok = time.monotonic()
         self._paused = False
         self._db_error_logged = 0.0
+        self._next_coverage = 0.0
+        self._warned_unserved: set[str] = set()
         # Successful outcomes waiting for the next claim's transaction; only while run()
         # runs (``_batching``). Their ids stay running, holding a thread's slot, until
         # recorded, so a worker never has more running jobs than threads.
@@ -257,13 +262,14 @@ class Worker:
         scheduler = None if burst else self._scheduler().start(self._stopping)
         self.store.add_waiter(self._wake)
         log.info(
-            "worker %s started: queues=%s concurrency=%d tasks=%d mode=%s",
+            "worker %s started: queues=%s concurrency=%d mode=%s tasks=%s",
             self.id,
             ",".join(self.options.queues) or "*",
             self.options.concurrency,
-            len(self.registry),
             self._mode(),
+            ",".join(self._task_names),
         )
+        self._warn_unserved()
         try:
             self._dispatch(inbox, burst)
         finally:
@@ -326,10 +332,27 @@ class Worker:
                 self.options.queues,
                 self.options.concurrency,
                 now,
+                self._task_names,
             )
         )
         self._registered = True
         self._last_heartbeat_ok = time.monotonic()
+
+    def _warn_unserved(self) -> None:
+        """Log pending jobs that no live worker, this one included, would claim; each
+        (queue, task) once per worker, checked at start and then every few minutes."""
+        self._next_coverage = time.monotonic() + COVERAGE_INTERVAL
+        try:
+            alive_since = self.clock() - timedelta(seconds=self.options.stale_after)
+            with self.store.read() as conn:
+                cover = queries.coverage(conn, alive_since)
+        except sa.exc.SQLAlchemyError as exc:
+            self._log_db_error("the check for unserved jobs", exc)
+            return
+        for what, fix in cover.warnings(self.registry):
+            if what not in self._warned_unserved:
+                self._warned_unserved.add(what)
+                log.warning("%s; %s", what, fix)
 
     def _scheduler(self) -> periodic.Scheduler:
         return periodic.Scheduler(self.store, self.registry, clock=self.clock)
@@ -861,6 +884,8 @@ class Worker:
             if now - healthy_since >= self.options.stale_after:
                 self.rescue()
             self._prune_if_due()
+            if now >= self._next_coverage:
+                self._warn_unserved()
 
     def rescue(self) -> list[tuple[int, str, str]]:
         """Take back the running jobs of workers that stopped heartbeating."""
