@@ -244,6 +244,8 @@ def print_guide(base: str, flask: str) -> None:
     say(
         f"""
 The example app is at {base} (loopback only); a worker with 2 threads runs its jobs.
+The queue's admin dashboard is at {base}admin/ (open to this machine with no login: a
+demo, do not deploy like this).
 
 Try it:
   curl -s {base}

@@ -43,6 +43,11 @@ Try (the worker runs the jobs: `flask --app example_app queue work`):
   GET  /jobs/<id>                  a job as JSON: status, attempts, last error, result
       curl -s {root}jobs/1
 
+  GET  /admin/                     the queue's admin dashboard, in a browser: jobs, dead
+                                   letters, workers, retries (open to this machine, with
+                                   no login: a demo, do not deploy like this)
+      {root}admin/
+
 From a shell in the repository:
 
   flask --app example_app queue status

@@ -58,8 +58,28 @@ def _state(check_schema: bool = True) -> _State:
         try:
             state.ensure_schema()
         except SQLQueueError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(_one_line(exc)) from None
     return state
+
+
+#: Lines of SQLAlchemy's error text that are not the error: the statement, its
+#: parameters and the link to SQLAlchemy's docs.
+_NOT_THE_ERROR = re.compile(r"^\s*(\[SQL: |\[parameters: |\(Background on this error at: )")
+
+
+def _database() -> str:
+    """Which database a database error came from (the password hidden)."""
+    state: _State | None = current_app.extensions.get("sqlqueue")
+    return "database error" if state is None else f"database error on {state.store.engine.url!r}"
+
+
+def _one_line(exc: BaseException) -> str:
+    """The error's message on one line: a driver's message may span several (psycopg
+    adds a hint), and SQLAlchemy's adds the statement and a link."""
+    lines = str(exc).splitlines()
+    return " ".join(
+        line.strip() for line in lines if line.strip() and not _NOT_THE_ERROR.match(line)
+    )
 
 
 def _is_alembic_error(exc: Exception) -> bool:
@@ -77,14 +97,15 @@ def _clean_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except (SQLQueueError, ValueError, TypeError, LookupError) as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(_one_line(exc)) from None
+        # Before the catch-all below, which would otherwise take database errors too.
+        except sa.exc.SQLAlchemyError as exc:
+            cause = exc.orig if isinstance(exc, sa.exc.DBAPIError) and exc.orig else exc
+            raise click.ClickException(f"{_database()}: {_one_line(cause)}") from None
         except Exception as exc:
             if not _is_alembic_error(exc):
                 raise
-            raise click.ClickException(str(exc)) from None
-        except sa.exc.SQLAlchemyError as exc:
-            message = str(exc.orig) if isinstance(exc, sa.exc.DBAPIError) else str(exc)
-            raise click.ClickException(f"database error: {message.splitlines()[0]}") from None
+            raise click.ClickException(_one_line(exc)) from None
 
     return wrapper  # type: ignore[return-value]
 

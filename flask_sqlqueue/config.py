@@ -1,41 +1,188 @@
-"""``SQLQUEUE_*`` configuration keys, read once into a frozen :class:`Settings`."""
+"""``SQLQUEUE_*`` configuration keys, read once into a frozen :class:`Settings`.
+
+:data:`KEYS` is the one table of keys: every key the package reads, with its default and
+how a value is read. A key starting with ``SQLQUEUE_`` that is not in it is refused (a
+misspelt key would otherwise be ignored in silence). Values may be given as strings, as
+the environment gives them (``app.config.from_mapping(os.environ)``, or what
+``from_prefixed_env`` leaves as text): each is read as its key's type, and a value that
+cannot be read is refused with a message naming the key, the value and what it accepts.
+"""
 
 from __future__ import annotations
 
+import difflib
+import json
 import math
 import os
+import re
+from collections.abc import Callable
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 from datetime import timedelta
 from typing import Any
+from typing import NamedTuple
 
 from .exceptions import ConfigurationError
 
 DEFAULT_DATABASE_FILE = "sqlqueue.db"
-
-#: Every key with its default. ``None`` for the URI means "a file in the instance folder".
-DEFAULTS: dict[str, Any] = {
-    "SQLQUEUE_DATABASE_URI": None,
-    "SQLQUEUE_ENGINE_OPTIONS": {},
-    "SQLQUEUE_MAX_ATTEMPTS": 5,
-    "SQLQUEUE_BACKOFF_BASE": 30.0,
-    "SQLQUEUE_BACKOFF_CAP": 3600.0,
-    "SQLQUEUE_BACKOFF_JITTER": 20.0,
-    "SQLQUEUE_STALE_AFTER": 60.0,
-    "SQLQUEUE_EAGER": False,
-    "SQLQUEUE_SQLITE_SYNCHRONOUS": "FULL",
-    "SQLQUEUE_SQLITE_BUSY_TIMEOUT": 30.0,
-    # Retention: how long finished jobs are kept before the workers delete them (seconds
-    # or a timedelta; None keeps them forever). Effect keys default to forever.
-    "SQLQUEUE_KEEP_COMPLETED": timedelta(days=7),
-    "SQLQUEUE_KEEP_DEAD": timedelta(days=30),
-    "SQLQUEUE_KEEP_EFFECTS": None,
-    "SQLQUEUE_PRUNE_INTERVAL": 60.0,
-}
+PREFIX = "SQLQUEUE_"
 
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _LONGEST_KEEP = 100 * 366 * 86400.0
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+# Decimal numbers only: float() would also take "nan", "inf", "1_000" and "0x10".
+_INTEGER = re.compile(r"[+-]?\d+")
+_DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+class Key(NamedTuple):
+    """One configuration key: its default, and how a value of it is read."""
+
+    default: Any
+    #: Returns the value as its type; raises ``ValueError`` when it cannot.
+    read: Callable[[Any], Any]
+    #: What the key accepts, for the error message.
+    accepts: str
+
+
+def _integer(default: int, minimum: int) -> Key:
+    def read(value: Any) -> int:
+        if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError
+        return value
+
+    return Key(default, read, f"a whole number >= {minimum} (or such a string, e.g. '3')")
+
+
+def _number(default: float, minimum: float) -> Key:
+    def read(value: Any) -> float:
+        if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError
+        if not (math.isfinite(value) and value >= minimum):
+            raise ValueError
+        return float(value)
+
+    return Key(default, read, f"a number >= {minimum:g} (or such a string, e.g. '2.5')")
+
+
+def _flag(value: Any) -> bool:
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _TRUE or text in _FALSE:
+            return text in _TRUE
+    elif isinstance(value, int) and value in (0, 1):  # bools, and from_prefixed_env's 0/1
+        return bool(value)
+    raise ValueError
+
+
+def _keep(value: Any) -> float | None:
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        seconds = float(value)
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValueError
+    if not (math.isfinite(seconds) and 0 < seconds <= _LONGEST_KEEP):
+        raise ValueError
+    return seconds
+
+
+def _uri(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value or None
+    raise ValueError
+
+
+def _options(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise ValueError
+    return dict(value)
+
+
+def _synchronous(value: Any) -> str:
+    if isinstance(value, str) and value.strip().upper() in _SYNCHRONOUS:
+        return value.strip().upper()
+    raise ValueError
+
+
+_KEEP = (
+    "a number of seconds or a timedelta, more than zero and at most 100 years, or None "
+    "to keep forever (as a string: '604800' or 'none')"
+)
+
+#: Every key the package reads, with its default and reader; each fills the
+#: :class:`Settings` field of its name without the prefix, in lower case. ``None`` for
+#: the URI means "a file in the instance folder".
+KEYS: dict[str, Key] = {
+    "SQLQUEUE_DATABASE_URI": Key(None, _uri, "a database URL string"),
+    "SQLQUEUE_ENGINE_OPTIONS": Key(
+        {}, _options, "a dict of create_engine arguments (or that dict as a JSON string)"
+    ),
+    "SQLQUEUE_MAX_ATTEMPTS": _integer(5, minimum=1),
+    "SQLQUEUE_BACKOFF_BASE": _number(30.0, minimum=0),
+    "SQLQUEUE_BACKOFF_CAP": _number(3600.0, minimum=0),
+    "SQLQUEUE_BACKOFF_JITTER": _number(20.0, minimum=0),
+    "SQLQUEUE_STALE_AFTER": _number(60.0, minimum=1),
+    "SQLQUEUE_EAGER": Key(
+        False,
+        _flag,
+        "True or False (as a string: 'true', '1', 'yes', 'on' or 'false', '0', 'no', "
+        "'off', in any case)",
+    ),
+    "SQLQUEUE_SQLITE_SYNCHRONOUS": Key("FULL", _synchronous, f"one of {', '.join(_SYNCHRONOUS)}"),
+    "SQLQUEUE_SQLITE_BUSY_TIMEOUT": _number(30.0, minimum=0),
+    # Retention: how long finished jobs are kept before the workers delete them (seconds
+    # or a timedelta; None keeps them forever). Effect keys default to forever.
+    "SQLQUEUE_KEEP_COMPLETED": Key(timedelta(days=7), _keep, _KEEP),
+    "SQLQUEUE_KEEP_DEAD": Key(timedelta(days=30), _keep, _KEEP),
+    "SQLQUEUE_KEEP_EFFECTS": Key(None, _keep, _KEEP),
+    "SQLQUEUE_PRUNE_INTERVAL": _number(60.0, minimum=0.1),
+}
+
+#: Every key with its default (what ``init_app`` puts in ``app.config`` when unset).
+DEFAULTS: dict[str, Any] = {name: key.default for name, key in KEYS.items()}
+
+
+def read(config: Mapping[str, Any], name: str) -> Any:
+    """The value of key ``name`` in ``config`` (or its default), read as its type.
+
+    :raises ConfigurationError: the value cannot be read; the message says what it accepts.
+    """
+    key = KEYS[name]
+    value = config.get(name, key.default)
+    try:
+        return key.read(value)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        raise ConfigurationError(f"{name} must be {key.accepts}, got {value!r}.") from None
+
+
+def check_keys(config: Mapping[str, Any]) -> None:
+    """Refuse a ``SQLQUEUE_*`` key that is not in :data:`KEYS`, naming the closest one.
+
+    :raises ConfigurationError: an unknown key (a typo would otherwise be ignored).
+    """
+    for name in config:
+        if isinstance(name, str) and name.startswith(PREFIX) and name not in KEYS:
+            closest = difflib.get_close_matches(name, KEYS, n=1, cutoff=0)[0]
+            raise ConfigurationError(
+                f"{name} is not a flask_sqlqueue setting, and would be ignored; "
+                f"did you mean {closest}? (Every key is listed in the README's "
+                "Configuration section.)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,63 +211,17 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any], instance_path: str) -> Settings:
-        """Build settings from a Flask config, refusing bad values with a message per key."""
+        """Build settings from a Flask config, refusing unknown keys and bad values with a
+        message per key.
 
-        def number(key: str, *, minimum: float, integer: bool = False) -> Any:
-            value = config.get(key, DEFAULTS[key])
-            kind = int if integer else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kind) or value < minimum:
-                what = "a whole number" if integer else "a number"
-                raise ConfigurationError(f"{key} must be {what} >= {minimum}, got {value!r}.")
-            return value if integer else float(value)
-
-        def keep(key: str) -> float | None:
-            value = config.get(key, DEFAULTS[key])
-            if value is None:
-                return None
-            if isinstance(value, timedelta):
-                seconds = value.total_seconds()
-            elif isinstance(value, int | float) and not isinstance(value, bool):
-                seconds = float(value)
-            else:
-                seconds = math.nan
-            if not (math.isfinite(seconds) and 0 < seconds <= _LONGEST_KEEP):
-                raise ConfigurationError(
-                    f"{key} must be a number of seconds or a timedelta, more than zero and "
-                    f"at most 100 years, or None to keep forever; got {value!r}."
-                )
-            return seconds
-
-        uri = config.get("SQLQUEUE_DATABASE_URI") or (
-            "sqlite:///" + os.path.join(instance_path, DEFAULT_DATABASE_FILE)
-        )
-        if not isinstance(uri, str):
-            raise ConfigurationError(f"SQLQUEUE_DATABASE_URI must be a string, got {uri!r}.")
-        options = config.get("SQLQUEUE_ENGINE_OPTIONS", {}) or {}
-        if not isinstance(options, Mapping):
-            raise ConfigurationError(
-                f"SQLQUEUE_ENGINE_OPTIONS must be a dict of create_engine arguments, "
-                f"got {options!r}."
+        :raises ConfigurationError: an unknown ``SQLQUEUE_*`` key, or a value that cannot
+            be read as its key's type.
+        """
+        check_keys(config)
+        # Each key fills the field of its name: SQLQUEUE_MAX_ATTEMPTS is max_attempts.
+        values = {name.removeprefix(PREFIX).lower(): read(config, name) for name in KEYS}
+        if values["database_uri"] is None:
+            values["database_uri"] = "sqlite:///" + os.path.join(
+                instance_path, DEFAULT_DATABASE_FILE
             )
-        synchronous = str(config.get("SQLQUEUE_SQLITE_SYNCHRONOUS", "FULL")).upper()
-        if synchronous not in _SYNCHRONOUS:
-            raise ConfigurationError(
-                f"SQLQUEUE_SQLITE_SYNCHRONOUS must be one of {', '.join(_SYNCHRONOUS)}, "
-                f"got {synchronous!r}."
-            )
-        return cls(
-            database_uri=uri,
-            engine_options=dict(options),
-            max_attempts=number("SQLQUEUE_MAX_ATTEMPTS", minimum=1, integer=True),
-            backoff_base=number("SQLQUEUE_BACKOFF_BASE", minimum=0),
-            backoff_cap=number("SQLQUEUE_BACKOFF_CAP", minimum=0),
-            backoff_jitter=number("SQLQUEUE_BACKOFF_JITTER", minimum=0),
-            stale_after=number("SQLQUEUE_STALE_AFTER", minimum=1),
-            eager=bool(config.get("SQLQUEUE_EAGER", False)),
-            sqlite_synchronous=synchronous,
-            sqlite_busy_timeout=number("SQLQUEUE_SQLITE_BUSY_TIMEOUT", minimum=0),
-            keep_completed=keep("SQLQUEUE_KEEP_COMPLETED"),
-            keep_dead=keep("SQLQUEUE_KEEP_DEAD"),
-            keep_effects=keep("SQLQUEUE_KEEP_EFFECTS"),
-            prune_interval=number("SQLQUEUE_PRUNE_INTERVAL", minimum=0.1),
-        )
+        return cls(**values)

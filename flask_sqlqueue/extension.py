@@ -464,16 +464,22 @@ class SQLQueue:
 
     def admin_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
         """The admin dashboard as a blueprint named ``"sqlqueue"``; register it with a
-        ``url_prefix``. It is closed by default: every request calls ``authorize()`` and
-        gets 403 unless it returns something truthy, and without ``authorize`` every
-        request gets 403. Its forms need ``app.secret_key`` (CSRF tokens).
+        ``url_prefix``. Its forms need ``app.secret_key`` (CSRF tokens).
 
         ::
 
-            app.register_blueprint(
-                queue.admin_blueprint(authorize=lambda: current_user.is_admin),
-                url_prefix="/queue",
-            )
+            def authorize():
+                if not current_user.is_authenticated:
+                    return redirect(url_for("login", next=request.url))
+                return current_user.is_admin
+
+            app.register_blueprint(queue.admin_blueprint(authorize=authorize), url_prefix="/queue")
+
+        :param authorize: called with no arguments before every request, assets
+            included. ``True`` (exactly) lets the request through; a response object,
+            such as a redirect to the login page, is sent as it is; anything else
+            (``False``, ``None``, ``1``, a user object) is a 403. Without it, the
+            dashboard is closed: every request is a 403 saying how to configure it.
         """
         from .admin import create_blueprint
 
@@ -482,14 +488,18 @@ class SQLQueue:
     def metrics_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
         """A blueprint serving ``GET /metrics`` for Prometheus: the queue's gauges read
         from the database, and the counters of this process (see
-        :mod:`flask_sqlqueue.metrics`; needs the ``prometheus`` extra). Closed by
-        default like the admin: ``authorize()`` must return something truthy.
+        :mod:`flask_sqlqueue.metrics`; needs the ``prometheus`` extra).
 
         ::
 
             app.register_blueprint(
-                queue.metrics_blueprint(authorize=lambda: True), url_prefix="/queue"
+                queue.metrics_blueprint(authorize=lambda: request.remote_addr == "10.0.0.5"),
+                url_prefix="/queue",
             )
+
+        :param authorize: as for :meth:`admin_blueprint`: ``True`` lets the request
+            through, a response is sent as it is, anything else is a 403, and without
+            it every request is a 403 saying how to configure it.
         """
         from .metrics import create_blueprint
 

@@ -46,9 +46,10 @@ import sqlalchemy as sa
 from flask import Blueprint
 from flask import Flask
 from flask import Response
-from flask import abort
 from flask import current_app
+from werkzeug.wrappers import Response as BaseResponse
 
+from . import access
 from .core import queries
 from .core import signals
 from .core.models import JobStatus
@@ -238,11 +239,13 @@ def metrics_for(app: Flask) -> QueueMetrics:
     return found
 
 
-def create_blueprint(authorize: Callable[[], Any] | None = None) -> Blueprint:
+def create_blueprint(authorize: access.Authorize | None = None) -> Blueprint:
     """A blueprint serving ``GET /metrics`` in Prometheus' text format.
 
-    Closed by default like the admin: every request calls ``authorize()`` and gets 403
-    when it returns something falsy or when no ``authorize`` is given.
+    Closed by default like the admin (:mod:`flask_sqlqueue.access`): every request
+    calls ``authorize()``; ``True`` lets it through, a response is sent as it is,
+    anything else is a 403, and without ``authorize`` every request is a 403 saying how
+    to configure it.
     """
     bp = Blueprint("sqlqueue_metrics", __name__)
 
@@ -250,11 +253,19 @@ def create_blueprint(authorize: Callable[[], Any] | None = None) -> Blueprint:
     def _start_counting(state: Any) -> None:
         metrics_for(state.app)
 
+    @bp.before_request
+    def _gate() -> BaseResponse | None:
+        return access.gate(
+            authorize, _refuse, what="queue metrics endpoint", factory="metrics_blueprint"
+        )
+
     @bp.get("/metrics")
     def metrics() -> Response:
-        if authorize is None or not authorize():
-            abort(403, "Pass authorize= to metrics_blueprint() to say who may read the metrics.")
         app: Flask = current_app._get_current_object()  # type: ignore[attr-defined]
         return Response(metrics_for(app).latest(), content_type=CONTENT_TYPE_LATEST)
 
     return bp
+
+
+def _refuse(message: str) -> Response:
+    return Response(message + "\n", status=403, content_type="text/plain; charset=utf-8")

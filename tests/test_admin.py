@@ -133,16 +133,93 @@ def test_closed_by_default(build: Callable[..., Admin]) -> None:
     assert admin.status(job_id) == "dead"
 
 
-@pytest.mark.parametrize("answer", [False, None, 0, ""])
-def test_a_falsy_authorize_is_refused(build: Callable[..., Admin], answer: Any) -> None:
-    admin = build(authorize=lambda: answer)
+class User:
+    """What ``authorize=lambda: current_user`` returns: truthy, and not True."""
+
+    is_authenticated = False
+
+
+def beside_an_open_admin(
+    make_app: Callable[..., Flask], database_uri: str, authorize: Callable[[], Any]
+) -> tuple[Admin, str]:
+    """An admin gated by ``authorize`` at ``/gated``, and the CSRF token that an open
+    admin of the same app gave this client: a token the gated one would accept."""
+    app = make_app()
+    app.secret_key = "test secret"
+    app.register_blueprint(
+        sample_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/queue"
+    )
+    app.register_blueprint(
+        sample_app.queue.admin_blueprint(authorize=authorize), url_prefix="/gated", name="gated"
+    )
+    client = app.test_client()
+    token = Admin(app, client, "/queue", database_uri).token()
+    return Admin(app, client, "/gated", database_uri), token
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [False, None, 0, "", 1, "yes", [True], User()],
+    ids=["False", "None", "0", "empty", "1", "yes", "list", "user"],
+)
+def test_anything_but_true_is_refused(
+    make_app: Callable[..., Flask], database_uri: str, answer: Any
+) -> None:
+    admin, token = beside_an_open_admin(make_app, database_uri, lambda: answer)
     job_id = dead_job(admin)
-    for path in ("/", "/jobs", f"/jobs/{job_id}", "/metrics", "/workers"):
+    for path in (
+        "/",
+        "/jobs",
+        f"/jobs/{job_id}",
+        "/metrics",
+        "/workers",
+        "/static/sqlqueue/admin.js",
+    ):
         response = admin.get(path)
-        assert response.status_code == 403
-        assert "not allowed" in response.get_data(as_text=True)
-        assert "boom" not in response.get_data(as_text=True)
-    assert admin.client.post(f"{admin.prefix}/jobs/{job_id}/retry").status_code == 403
+        assert response.status_code == 403, path
+        body = response.get_data(as_text=True)
+        assert "You are not allowed to use the queue admin." in body
+        assert "boom" not in body
+        if answer is not None and not isinstance(answer, bool):
+            assert "only True lets a request through" in body
+    refused = admin.client.post(f"/gated/jobs/{job_id}/retry", data={"csrf_token": token})
+    assert refused.status_code == 403
+    assert admin.status(job_id) == "dead"
+
+
+@pytest.mark.parametrize("kind", ["redirect", "response"])
+def test_a_response_from_authorize_is_sent_as_it_is(
+    make_app: Callable[..., Flask], database_uri: str, kind: str
+) -> None:
+    from flask import Response
+    from flask import redirect
+
+    def authorize() -> Any:
+        if kind == "redirect":
+            return redirect("/login?next=/gated/")
+        return Response("who are you?", status=401, headers={"WWW-Authenticate": "Basic"})
+
+    admin, token = beside_an_open_admin(make_app, database_uri, authorize)
+    job_id = dead_job(admin)
+    for path in (
+        "/",
+        "/jobs",
+        f"/jobs/{job_id}",
+        "/jobs?status=dead",
+        "/static/sqlqueue/admin.css",
+    ):
+        response = admin.get(path)
+        body = response.get_data(as_text=True)
+        if kind == "redirect":
+            assert response.status_code == 302, path
+            assert response.headers["Location"] == "/login?next=/gated/"
+        else:
+            assert response.status_code == 401, path
+            assert response.headers["WWW-Authenticate"] == "Basic"
+            assert body == "who are you?"
+        assert "boom" not in body and "Dashboard" not in body
+    posted = admin.client.post(f"/gated/jobs/{job_id}/retry", data={"csrf_token": token})
+    assert posted.status_code == (302 if kind == "redirect" else 401)
     assert admin.status(job_id) == "dead"
 
 
@@ -533,6 +610,191 @@ def test_the_job_list_pages_by_id(admin: Admin) -> None:
     ]
     assert admin.get("/jobs?before=-1").status_code == 400
     assert admin.get("/jobs?per_page=0").status_code == 400
+
+
+# -- malformed input --------------------------------------------------------------------------
+
+PAGES = ("/", "/jobs", "/jobs/retry-dead", "/metrics", "/workers")
+PARAMETERS = ("status", "queue", "task", "q", "before", "per_page", "span", "window")
+
+
+def test_a_nul_in_any_parameter_of_any_page_is_a_400(admin: Admin) -> None:
+    dead = dead_job(admin)
+    for path in (*PAGES, f"/jobs/{dead}"):
+        for name in PARAMETERS:
+            for value in ("%00", "dead%00", "%00reports"):
+                response = admin.get(f"{path}?{name}={value}")
+                assert response.status_code == 400, (path, name, value)
+                body = response.get_data(as_text=True)
+                assert f"{name} holds a NUL character (%00)" in body, (path, name)
+        # The same parameter with a clean value still works.
+        assert admin.get(f"{path}?status=dead").status_code == 200, path
+    assert admin.status(dead) == "dead"
+
+
+@pytest.mark.parametrize("value", ["²", "١٢", "1e3", "-1", " ", "9" * 30])
+def test_a_malformed_number_or_search_is_a_400_or_is_searched(admin: Admin, value: str) -> None:
+    # "²" passes str.isdigit() and fails int(); a 500 before.
+    dead = dead_job(admin)
+    for name in ("before", "per_page"):
+        response = admin.get(f"/jobs?{name}={value}")
+        assert response.status_code == (200 if not value.strip() else 400), (name, value)
+    for path in ("/jobs", "/jobs/retry-dead"):
+        response = admin.get(f"{path}?q={value}")
+        assert response.status_code == 200, (path, value)
+    assert admin.status(dead) == "dead"
+
+
+def test_forms_and_paths_with_a_nul_change_nothing(admin: Admin) -> None:
+    dead = dead_job(admin)
+    pending = pending_job(admin)
+    for path, form in (
+        ("/jobs/retry-dead", {"q": "boom\x00"}),
+        ("/jobs/retry-dead", {"queue": "default\x00"}),
+        ("/jobs/retry-dead", {"task": "\x00"}),
+        ("/jobs/bulk", {"action": "delete", "ids": [dead, pending], "q": "\x00"}),
+        ("/jobs/bulk", {"action": "delete", "ids": [str(dead), f"{pending}\x00"]}),
+        ("/jobs/bulk", {"action": "delete\x00", "ids": [dead]}),
+        ("/queues/default%00/pause", {}),
+        ("/queues/%00/resume", {}),
+    ):
+        response = admin.post(path, form)
+        assert response.status_code == 400, (path, form)
+        assert "NUL character" in response.get_data(as_text=True)
+    assert (admin.status(dead), admin.status(pending)) == ("dead", "pending")
+    with admin.ctx():
+        assert sample_app.queue.paused_queues() == {}
+
+
+def test_job_ids_past_the_largest_are_404_everywhere(admin: Admin) -> None:
+    dead = dead_job(admin)
+    huge = 2**63
+    assert admin.get(f"/jobs/{huge}").status_code == 404
+    for action in ACTIONS:
+        response = admin.post(f"/jobs/{huge}/{action}")
+        assert response.status_code == 404, action
+        assert "job ids stop at" in response.get_data(as_text=True)
+    assert admin.status(dead) == "dead"
+
+
+# -- big jobs -----------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+#: Columns a list must never read in full.
+BULKY = {"payload", "result", "errors"}
+
+
+def big_jobs(admin: Admin, n: int = 3, size: int = 3 * MIB) -> list[int]:
+    """Dead jobs whose payload, result, error history, last error and progress message
+    each hold ``size`` characters (written one column per statement: MariaDB's packet)."""
+    filler = "x" * size
+    ids = []
+    for _ in range(n):
+        job_id = dead_job(admin)
+        now = utcnow()
+        record = {"attempt": 1, "type": "E", "message": "m", "traceback": filler}
+        values = {
+            "payload": json.dumps({"args": [filler], "kwargs": {}}),
+            "result": json.dumps(filler),
+            "errors": json.dumps([{**record, "at": now.isoformat()}]),
+            "last_error": "E: " + filler,
+            "progress_message": filler,
+        }
+        for column, value in values.items():
+            set_job(admin, job_id, **{column: value})
+        ids.append(job_id)
+    return ids
+
+
+def test_list_pages_read_no_payload_result_or_history(admin: Admin) -> None:
+    import tracemalloc
+
+    ids = big_jobs(admin)
+    engine = admin.app.extensions["sqlqueue"].store.engine
+    read: list[str] = []
+
+    def columns(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        read.extend(column[0].lower() for column in cursor.description or ())
+
+    pages = [
+        "/",
+        "/?span=24h",
+        "/jobs",
+        "/jobs?status=dead",
+        "/jobs?q=E%3A",
+        f"/jobs?q={ids[0]}",
+        "/jobs?queue=default&task=tests.sample_app.always_fails",
+        "/jobs/retry-dead",
+        "/metrics",
+        "/workers",
+    ]
+    for path in pages:  # compiling the templates is not what is measured
+        admin.get(path)
+    sa.event.listen(engine, "after_cursor_execute", columns)
+    tracemalloc.start()
+    try:
+        for path in pages:
+            response = admin.get(path)
+            assert response.status_code == 200, path
+            assert len(response.get_data()) < 200_000, path  # no value shown in full
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        sa.event.remove(engine, "after_cursor_execute", columns)
+    assert not BULKY & set(read), sorted(BULKY & set(read))
+    # Three jobs of 15 MiB each; reading any one value of one would be 3 MiB.
+    assert peak < MIB, peak
+    dead = admin.get("/jobs?status=dead")
+    assert set(listed(dead)) >= set(ids)
+    assert "E: xxx" in dead.get_data(as_text=True)  # the last error's beginning is shown
+    # One job's own page shows it all.
+    one = admin.get(f"/jobs/{ids[0]}")
+    assert one.status_code == 200
+    assert one.get_data(as_text=True).count("x" * 1000) >= 3 * MIB // 1000
+
+
+def test_the_failure_chart_reads_the_end_of_each_history(admin: Admin) -> None:
+    now = admin.app.extensions["sqlqueue"].store.now()
+    ago = lambda minutes: now - timedelta(minutes=minutes)  # noqa: E731
+    long = "x" * (queries.HISTORY_TAIL * 2)
+
+    def record(i: int, at: datetime, traceback: str = "") -> dict[str, Any]:
+        return {
+            "attempt": i,
+            "type": "E",
+            "message": "m",
+            "traceback": traceback,
+            "at": at.isoformat(),
+        }
+
+    # Records are oldest first and each ends with its time, so what a long record hides
+    # is the records before it.
+    a = pending_job(admin)  # failed 5 h, 3 h (a long traceback) and 1 min ago
+    b = pending_job(admin)  # failed 20 min and 1 min ago (a long traceback)
+    set_job(
+        admin,
+        a,
+        attempts=3,
+        updated_at=ago(1),
+        errors=json.dumps([record(1, ago(300)), record(2, ago(180), long), record(3, ago(1))]),
+    )
+    store = admin.app.extensions["sqlqueue"].store
+    with store.read() as conn:
+        data = queries.activity(conn, now)
+    # The record cut off is older than one still read that is older than the hour.
+    assert (sum(data.failed), data.failed_partial) == (1, False)
+    set_job(
+        admin,
+        b,
+        attempts=2,
+        updated_at=ago(1),
+        errors=json.dumps([record(1, ago(20)), record(2, ago(1), long)]),
+    )
+    with store.read() as conn:
+        data = queries.activity(conn, now)
+    # b's failure 20 min ago is before the end that is read: a lower bound, and said so.
+    assert (sum(data.failed), data.failed_partial) == (2, True)
+    assert "2+ failed attempts" in admin.get("/").get_data(as_text=True)
 
 
 # -- one job --------------------------------------------------------------------------------

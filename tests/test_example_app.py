@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -124,6 +125,44 @@ def test_index_lists_what_to_try(shop: Flask) -> None:
     text = response.get_data(as_text=True)
     for path in ("/webhooks/payments", "/reports", "/shipping-quote", "/jobs/", "queue retry"):
         assert path in text
+
+
+# -- the admin dashboard -----------------------------------------------------------------------
+
+
+def test_the_demo_serves_the_admin_and_says_its_access_is_open(shop: Flask) -> None:
+    client = shop.test_client()
+    job_id = client.post("/reports", json={"report_id": 7}).get_json()["job_id"]
+    work_burst(shop)
+    for path in ("/admin/", "/admin/jobs", f"/admin/jobs/{job_id}", "/admin/workers"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+        body = response.get_data(as_text=True)
+        assert '<p class="banner" role="alert">Demo: open access' in body, path
+        assert "do not deploy like this" in body, path
+    assert "example_app.tasks.build_report" in client.get("/admin/jobs").get_data(as_text=True)
+    # Its forms work: the example app has a secret key for their CSRF tokens.
+    page = client.get(f"/admin/jobs/{job_id}").get_data(as_text=True)
+    token = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page)
+    assert token is not None
+    deleted = client.post(f"/admin/jobs/{job_id}/delete", data={"csrf_token": token.group(1)})
+    assert deleted.status_code == 303
+    assert client.get(f"/jobs/{job_id}").status_code == 404
+    # Open to this machine only: a request from elsewhere is refused.
+    remote = shop.test_client().get("/admin/", environ_base={"REMOTE_ADDR": "192.0.2.7"})
+    assert remote.status_code == 403
+    assert "/admin/" in client.get("/").get_data(as_text=True)  # the index points to it
+
+
+def test_the_admin_blueprint_stays_closed_by_default() -> None:
+    # The demo's open access is its own choice, not the blueprint's default.
+    app = Flask("closed")
+    app.register_blueprint(queue.admin_blueprint(), url_prefix="/queue")
+    response = app.test_client().get("/queue/")
+    assert response.status_code == 403
+    body = response.get_data(as_text=True)
+    assert "queue.admin_blueprint(authorize=" in body
+    assert "banner" not in body
 
 
 # -- webhooks ----------------------------------------------------------------------------------
@@ -342,6 +381,7 @@ def test_demo_runs_bounded_in_its_own_instance_folder(tmp_path: Path) -> None:
     assert counts["dead"] >= 1, output  # the event type without a handler
     assert "completed in" in output  # the worker's log lines are shown
     assert "SIGTERM: finishing running jobs" in output
+    assert re.search(r"admin dashboard is at http://127\.0\.0\.1:\d+/admin/", output)
     assert output.rstrip().endswith("Stopped.")
 
     # Everything it wrote is in the instance folder it was given.

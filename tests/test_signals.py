@@ -240,6 +240,51 @@ def test_metrics_blueprint(control_app: Flask) -> None:  # noqa: F811
     app.extensions["sqlqueue_metrics"].close()
 
 
+def test_the_metrics_blueprint_opens_only_for_true(control_app: Flask) -> None:  # noqa: F811
+    from flask import Response
+    from flask import redirect
+
+    class User:
+        is_authenticated = False
+
+    app = control_app
+    answers: dict[str, Any] = {
+        "false": False,
+        "none": None,
+        "one": 1,
+        "text": "yes",
+        "user": User(),
+        "redirect": redirect("/login"),
+        "response": Response("no", status=401),
+    }
+    for name, answer in answers.items():
+        app.register_blueprint(
+            c.queue.metrics_blueprint(authorize=lambda answer=answer: answer),
+            url_prefix=f"/{name}",
+            name=name,
+        )
+    app.register_blueprint(c.queue.metrics_blueprint(), url_prefix="/closed", name="closed")
+    with app.app_context():
+        c.add.enqueue(1, 2)
+    client = app.test_client()
+    try:
+        for name in ("false", "none", "one", "text", "user"):
+            response = client.get(f"/{name}/metrics")
+            assert response.status_code == 403, name
+            body = response.get_data(as_text=True)
+            assert "You are not allowed to use the queue metrics endpoint." in body
+            assert "sqlqueue_jobs" not in body
+        redirected = client.get("/redirect/metrics")
+        assert (redirected.status_code, redirected.headers["Location"]) == (302, "/login")
+        refused = client.get("/response/metrics")
+        assert (refused.status_code, refused.get_data(as_text=True)) == (401, "no")
+        closed = client.get("/closed/metrics")
+        assert closed.status_code == 403
+        assert "metrics_blueprint(authorize=" in closed.get_data(as_text=True)
+    finally:
+        app.extensions["sqlqueue_metrics"].close()
+
+
 def test_metrics_without_prometheus_client_says_how_to_install() -> None:
     code = (
         "import sys; sys.modules['prometheus_client'] = None\n"

@@ -5,16 +5,17 @@
     app.register_blueprint(queue.admin_blueprint(authorize=lambda: current_user.is_admin),
                            url_prefix="/queue")
 
-Every request calls ``authorize()`` and is refused with 403 when it returns something
-falsy; without ``authorize`` every request is refused. Pages are GETs that change
-nothing; every change is a POST carrying a CSRF token bound to the session (which needs
-``app.secret_key``). Responses forbid inline script and framing; templates and assets
-ship in the package, so it works offline.
+Every request, assets included, calls ``authorize()``: ``True`` lets it through, a
+response (a redirect to the login page, say) is sent as it is, anything else is a 403;
+without ``authorize`` every request is refused (see :mod:`flask_sqlqueue.access`).
+Pages are GETs that change nothing; every change is a POST carrying a CSRF token bound
+to the session (which needs ``app.secret_key``). Responses forbid inline script and
+framing; templates and assets ship in the package, so it works offline. ``notice=``
+puts a banner on every page (the example app's demo says its access is open).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -22,7 +23,9 @@ from flask import Blueprint
 from flask import Response
 from flask import render_template
 from flask import request
+from werkzeug.wrappers import Response as BaseResponse
 
+from .. import access
 from . import csrf
 from . import views
 
@@ -42,19 +45,19 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
 }
 
-NOT_CONFIGURED = (
-    "The queue admin is closed until you say who may use it. Pass a function that "
-    "returns True for those users: "
-    "queue.admin_blueprint(authorize=lambda: current_user.is_admin)."
-)
-FORBIDDEN = "You are not allowed to use the queue admin."
+WHAT = "queue admin"
 
 
-def create_blueprint(queue: SQLQueue, authorize: Callable[[], Any] | None = None) -> Blueprint:
+def create_blueprint(
+    queue: SQLQueue, authorize: access.Authorize | None = None, *, notice: str | None = None
+) -> Blueprint:
     """A blueprint named ``"sqlqueue"`` serving the admin pages of ``queue``.
 
     :param authorize: called with no arguments on every request (in the request
-        context); a falsy result answers 403. ``None`` refuses every request.
+        context): ``True`` lets it through, a response is sent as it is, anything else
+        answers 403. ``None`` refuses every request.
+    :param notice: a warning shown in a banner at the top of every page, e.g. that
+        this instance is a demo with open access.
     """
     bp = Blueprint(
         NAME,
@@ -71,14 +74,15 @@ def create_blueprint(queue: SQLQueue, authorize: Callable[[], Any] | None = None
             prefixes.add(state.url_prefix.rstrip("/") + "/")
 
     @bp.before_request
-    def _gate() -> Response | None:
-        if authorize is None:
-            return _refuse(NOT_CONFIGURED)
-        if not authorize():
-            return _refuse(FORBIDDEN)
-        if request.method == "POST":
+    def _gate() -> BaseResponse | None:
+        refused = access.gate(authorize, _refuse, what=WHAT, factory="admin_blueprint")
+        if refused is None and request.method == "POST":
             csrf.check()
-        return None
+        return refused
+
+    @bp.context_processor
+    def _notice() -> dict[str, Any]:
+        return {"sqlqueue_notice": notice}
 
     # An app-wide hook, so that answers Flask gives before the blueprint is known (a GET
     # on a POST-only action is a 405, an unknown URL under the prefix a 404) carry the

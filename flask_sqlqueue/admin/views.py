@@ -141,11 +141,16 @@ class Filters:
         }
 
 
+def _digits(text: str) -> bool:
+    # str.isdigit() is also true of "²", which int() refuses.
+    return text.isascii() and text.isdigit()
+
+
 def _int_arg(name: str, low: int, high: int) -> int | None:
     raw = request.args.get(name, "").strip()
     if not raw:
         return None
-    if not raw.isdigit() or not low <= int(raw) <= high:
+    if not _digits(raw) or not low <= int(raw) <= high:
         raise BadRequest(f"{name} must be a whole number from {low} to {high}, not {raw!r}.")
     return int(raw)
 
@@ -162,7 +167,7 @@ def _choice(name: str, choices: dict[str, Any], default: str) -> str:
 def _ids(values: Sequence[str]) -> list[int]:
     ids = []
     for raw in values:
-        if not raw.strip().isdigit() or not 1 <= int(raw) <= MAX_ID:
+        if not _digits(raw.strip()) or not 1 <= int(raw) <= MAX_ID:
             raise BadRequest(f"{raw!r} is not a job id.")
         ids.append(int(raw))
     return ids
@@ -175,6 +180,23 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
         st = queue.state()
         st.ensure_schema()
         return st
+
+    @bp.before_request
+    def _well_formed() -> None:
+        # Every value a page or action may put in a query, checked once for all of them:
+        # PostgreSQL refuses NUL in text, so one would fail its statement with a 500.
+        given = [*request.args.items(multi=True), *(request.view_args or {}).items()]
+        if request.method == "POST":
+            given += request.form.items(multi=True)
+        for name, value in given:
+            if isinstance(value, str) and "\x00" in value:
+                raise BadRequest(
+                    f"{name} holds a NUL character (%00), which no queue, task, key or "
+                    "error can contain; remove it from the address or the form."
+                )
+        job_id = (request.view_args or {}).get("job_id")
+        if isinstance(job_id, int) and job_id > MAX_ID:
+            abort(404, f"There is no job {job_id}: job ids stop at {MAX_ID}.")
 
     @bp.context_processor
     def _helpers() -> dict[str, Any]:
@@ -371,7 +393,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
     @bp.get("/jobs/<int:job_id>")
     def job(job_id: int) -> str:
         st = state()
-        found = st.store.get_job(job_id) if job_id <= MAX_ID else None
+        found = st.store.get_job(job_id)
         if found is None:
             abort(404, f"There is no job {job_id}; it may have been deleted or purged.")
         with reading(st) as conn:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -234,7 +235,7 @@ class JobFilter:
             return []
         text = self.text
         found: list[Any] = []
-        if text.isdigit() and int(text) < 2**63:
+        if text.isdecimal() and int(text) < 2**63:
             found.append(jobs.c.id == int(text))
         key = jobs.c.idempotency_key
         # The range uses the index; LIKE drops whatever else a collation puts in it.
@@ -257,22 +258,62 @@ class JobFilter:
         return sa.and_(sa.true(), *self.plain(), *([sa.or_(*arms)] if arms else []))
 
 
+#: Characters of a job's last error and progress message that a list reads.
+PREVIEW_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class JobSummary:
+    """What a list shows of a job: never its payload, result or error history, and only
+    the first :data:`PREVIEW_CHARS` characters of its last error and progress message,
+    cut in SQL, so a page costs the same whatever the jobs carry."""
+
+    id: int
+    queue: str
+    task: str
+    status: str
+    attempts: int
+    max_attempts: int
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    worker_id: str | None
+    idempotency_key: str | None
+    cancel_requested_at: datetime | None
+    progress: float | None
+    #: The first :data:`PREVIEW_CHARS` characters.
+    progress_message: str | None
+    #: The first :data:`PREVIEW_CHARS` characters.
+    last_error: str | None
+
+
+def _preview(column: Any) -> Any:
+    return sa.func.substr(column, 1, PREVIEW_CHARS).label(column.name)
+
+
+_PREVIEWED = ("progress_message", "last_error")
+_SUMMARY_COLUMNS = [
+    *(jobs.c[f.name] for f in dataclasses.fields(JobSummary) if f.name not in _PREVIEWED),
+    *(_preview(jobs.c[name]) for name in _PREVIEWED),
+]
+
+
 def search_jobs(
     conn: Connection,
     where: JobFilter,
     *,
-    loader: Callable[[int], Job | None] | None = None,
     before_id: int | None = None,
     limit: int = 50,
     window: int | None = None,
-) -> list[Job]:
+) -> list[JobSummary]:
     """Jobs matching ``where``, newest first; pass the last id seen as ``before_id``.
     ``window``: jobs walked newest first before the filter's index is used (default
     :data:`SCAN_WINDOW`)."""
     window = SCAN_WINDOW if window is None else window
 
     def page(*clauses: Any, order: Any = jobs.c.id, n: int = limit) -> list[Any]:
-        query = sa.select(jobs).where(*where.plain(), *clauses)
+        query = sa.select(*_SUMMARY_COLUMNS).where(*where.plain(), *clauses)
         if before_id is not None:
             query = query.where(jobs.c.id < before_id)
         return list(conn.execute(query.order_by(order.desc()).limit(n)).all())
@@ -300,7 +341,7 @@ def search_jobs(
             # table, and would rather walk the primary key than sort.
             found.update((row.id, row) for row in page(error, order=jobs.c.id + 0))
         rows = [found[i] for i in sorted(found, reverse=True)[:limit]]
-    return [Job.from_row(row, loader) for row in rows]
+    return [JobSummary(**row._mapping) for row in rows]
 
 
 #: Jobs the filtered list walks newest first before it turns to the filter's index.
@@ -399,7 +440,8 @@ class Activity:
     completed: list[int]
     failed: list[int]
     waiting: list[int]
-    #: The failure scan stopped at its row limit: ``failed`` is a lower bound.
+    #: The failure scan stopped at its row limit, or a history was longer than the
+    #: part of it that is read (:data:`HISTORY_TAIL`): ``failed`` is a lower bound.
     failed_partial: bool = False
 
 
@@ -482,16 +524,35 @@ def activity(
     return Activity(edges[:-1], step, completed, failed, waiting, partial)
 
 
+#: Characters read from the end of a job's error history for the failure chart. Records
+#: are appended oldest first and each ends with its ``"at"``, so the end of a history
+#: holds its latest failures without the tracebacks of the earlier ones (a history can
+#: be megabytes, and the chart reads thousands of them).
+HISTORY_TAIL = 4096
+
+
+def _history_tail() -> tuple[Any, Any]:
+    """The last :data:`HISTORY_TAIL` characters of ``errors``, cut in SQL, and whether
+    anything was cut off."""
+    length = sa.func.char_length(jobs.c.errors)
+    start = length - (HISTORY_TAIL - 1)
+    tail = sa.case(
+        (length > HISTORY_TAIL, sa.func.substr(jobs.c.errors, start)), else_=jobs.c.errors
+    )
+    return tail.label("tail"), (length > HISTORY_TAIL).label("cut")
+
+
 def _failed_attempts(conn: Connection, edges: list[datetime], limit: int) -> tuple[list[int], bool]:
     first, step = edges[0], edges[1] - edges[0]
     # Any job that failed an attempt since ``first`` was updated since then; it has
     # finished since then, or is still pending or running.
     finished = [JobStatus.COMPLETED.value, JobStatus.DEAD.value, JobStatus.CANCELLED.value]
+    columns = _history_tail()
     queries = [
-        sa.select(jobs.c.errors).where(
+        sa.select(*columns).where(
             jobs.c.status.in_(finished), jobs.c.finished_at >= first, jobs.c.errors.is_not(None)
         ),
-        sa.select(jobs.c.errors).where(
+        sa.select(*columns).where(
             jobs.c.status.in_([JobStatus.PENDING.value, JobStatus.RUNNING.value]),
             jobs.c.updated_at >= first,
             jobs.c.errors.is_not(None),
@@ -499,17 +560,22 @@ def _failed_attempts(conn: Connection, edges: list[datetime], limit: int) -> tup
     ]
     counts = [0] * (len(edges) - 1)
     read = 0
+    partial = False
     for query in queries:
-        for text in conn.execute(query.limit(limit - read + 1)).scalars():
+        for text, cut in conn.execute(query.limit(limit - read + 1)):
             read += 1
             if read > limit:
                 return counts, True
-            for at in _error_times(text):
+            times = _error_times(text)
+            # A record cut off is older than the first one left: it could only be in
+            # the span if that one is too.
+            partial = partial or (bool(cut) and (not times or times[0] >= first))
+            for at in times:
                 if at >= first:
                     i = int((at - first) / step)
                     if i < len(counts):
                         counts[i] += 1
-    return counts, False
+    return counts, partial
 
 
 #: An ``"at"`` key of an error record. A quote inside a JSON string is always escaped,
