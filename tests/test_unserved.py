@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import time
@@ -13,6 +14,7 @@ import pytest
 from flask import Flask
 
 from flask_sqlqueue import SQLQueue
+from flask_sqlqueue.core import queries
 from flask_sqlqueue.core.worker import WorkerOptions
 from tests import sample_app
 from tests.conftest import query
@@ -86,6 +88,12 @@ def test_jobs_no_live_worker_registers_are_named(
         assert "'add'" not in result.stderr
         doctor = other.test_cli_runner().invoke(args=["queue", "doctor"])
         assert "warn  2 pending job(s) of task 'newer.only'" in doctor.stdout
+        other.register_blueprint(newer.admin_blueprint(authorize=lambda: True), url_prefix="/q")
+        page = html.unescape(other.test_client().get("/q/").get_data(as_text=True))
+        assert (
+            "2 pending job(s) of task 'newer.only' in queue 'default': no live worker runs "
+            "them.</strong> Start a worker that serves queue 'default'" in page
+        )
     [warning] = [r.getMessage() for r in caplog.records if "newer.only" in r.getMessage()]
     assert warning.startswith("2 pending job(s) of task 'newer.only' in queue 'default'")
 
@@ -119,3 +127,20 @@ def test_with_no_live_worker_status_says_so_once(make_app: Any, database_uri: st
             assert time.monotonic() < deadline, "the worker did not run the jobs"
             time.sleep(0.05)
     assert "warning" not in _status(app).stderr
+
+
+def test_counts_stop_at_the_cap(make_app: Any) -> None:
+    app = make_app()
+    store = app.extensions["sqlqueue"].store
+    with app.app_context():
+        for n in range(3):
+            sample_app.add.enqueue(n, n)
+    with store.read() as conn:
+        cover = queries.coverage(conn, store.now(), cap=2)
+    assert cover.live == 0
+    assert [(u.task, u.count, u.capped) for u in cover.unserved] == [
+        ("tests.sample_app.add", 2, True)
+    ]
+    assert cover.warnings(sample_app.queue.registry) == [
+        ("no live worker; 2+ pending job(s) wait for one", "flask queue work")
+    ]

@@ -269,6 +269,8 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
             data = queries.activity(conn, now, span=SPANS[span].length, step=SPANS[span].step)
             paused = queues_module.paused_queues(conn)
             buckets = limits.describe(conn, queue.registry, now)
+            alive_since = now - timedelta(seconds=st.settings.stale_after)
+            unserved = queries.coverage(conn, alive_since).warnings(queue.registry)
         schedules = periodic.describe(st.store, queue.registry, now)
         totals = {s: sum(q.counts.get(s, 0) for q in by_queue) for s in STATUSES}
         # A total made of a capped count is a lower bound too.
@@ -297,6 +299,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
             schedules=schedules,
             retention=retention.describe(retention.RetentionPolicy.from_settings(st.settings)),
             timeouts=task_timeouts(queue.registry),
+            unserved=unserved,
         )
 
     @bp.get("/metrics")

@@ -54,6 +54,11 @@ def _aware(value: Any) -> datetime | None:
     return jobs.c.run_at.type.process_result_value(value, None)  # type: ignore[no-any-return,attr-defined]
 
 
+#: Pending jobs read per task when looking for ones no live worker claims; a count
+#: that reaches it is shown as "at least".
+COVERAGE_CAP = 1000
+
+
 @dataclass(frozen=True, slots=True)
 class Unserved:
     """Pending jobs of one task in one queue that no live worker claims."""
@@ -61,6 +66,12 @@ class Unserved:
     queue: str
     task: str
     count: int
+    #: ``count`` is a lower bound: the task's pending jobs were read up to a cap.
+    capped: bool = False
+
+    @property
+    def shown(self) -> str:
+        return f"{self.count}+" if self.capped else str(self.count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +88,10 @@ class Coverage:
         the jobs the app's own workers would run."""
         found = []
         idle = 0
+        capped = False
         for item in self.unserved:
             what = (
-                f"{item.count} pending job(s) of task {item.task!r} in queue "
+                f"{item.shown} pending job(s) of task {item.task!r} in queue "
                 f"{item.queue!r}: no live worker runs them"
             )
             if item.task not in registered:
@@ -88,6 +100,7 @@ class Coverage:
                 )
             elif not self.live:
                 idle += item.count
+                capped |= item.capped
                 continue
             else:
                 fix = (
@@ -96,17 +109,23 @@ class Coverage:
                 )
             found.append((what, fix))
         if idle:
+            count = f"{idle}+" if capped else str(idle)
             found.insert(
-                0, (f"no live worker; {idle} pending job(s) wait for one", "flask queue work")
+                0, (f"no live worker; {count} pending job(s) wait for one", "flask queue work")
             )
         return found
 
 
-def coverage(conn: Connection, alive_since: datetime) -> Coverage:
+def coverage(conn: Connection, alive_since: datetime, cap: int = COVERAGE_CAP) -> Coverage:
     """The pending jobs that no live worker claims: no worker that serves their queue
     registers their task (a worker of an older deploy, a module the worker does not
     import, a queue no worker is started for). Live: not stopped, and heartbeating
-    since ``alive_since``."""
+    since ``alive_since``.
+
+    Bounded however many jobs wait: a task that a live worker of every queue runs is
+    not read at all; any other has at most ``cap`` pending jobs read, from the
+    (task, status) index.
+    """
     served = []
     for row in conn.execute(
         sa.select(workers.c.queues, workers.c.tasks).where(
@@ -115,19 +134,32 @@ def coverage(conn: Connection, alive_since: datetime) -> Coverage:
     ):
         queues = frozenset(row.queues.split(",")) if row.queues else None
         served.append((queues, _task_names(row.tasks)))
-    unserved = [
-        Unserved(queue, task, n)
-        for queue, task, n in conn.execute(
-            sa.select(jobs.c.queue, jobs.c.task, sa.func.count())
-            .where(jobs.c.status == JobStatus.PENDING.value)
-            .group_by(jobs.c.queue, jobs.c.task)
-            .order_by(jobs.c.queue, jobs.c.task)
-        )
-        if not any(
+
+    def runs(queue: str | None, task: str) -> bool:
+        """Whether a live worker runs ``task`` in ``queue`` (``None``: in every queue)."""
+        return any(
             (queues is None or queue in queues) and (tasks is None or task in tasks)
             for queues, tasks in served
         )
-    ]
+
+    unserved = []
+    for task in distinct_values(conn, "task"):
+        if runs(None, task):
+            continue  # a worker of every queue runs it
+        sample = (
+            sa.select(jobs.c.queue)
+            .where(jobs.c.task == task, jobs.c.status == JobStatus.PENDING.value)
+            .limit(cap)
+            .subquery()
+        )
+        rows = conn.execute(
+            sa.select(sample.c.queue, sa.func.count())
+            .group_by(sample.c.queue)
+            .order_by(sample.c.queue)
+        ).all()
+        capped = sum(n for _, n in rows) >= cap
+        unserved += [Unserved(q, task, n, capped) for q, n in rows if not runs(q, task)]
+    unserved.sort(key=lambda item: (item.queue, item.task))
     return Coverage(len(served), unserved)
 
 
