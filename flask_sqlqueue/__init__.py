@@ -15,6 +15,7 @@ from .exceptions import ConfigurationError as ConfigurationError
 from .exceptions import DuplicateTask as DuplicateTask
 from .exceptions import JobCancelled as JobCancelled
 from .exceptions import PayloadError as PayloadError
+from .exceptions import PayloadTooLarge as PayloadTooLarge
 from .exceptions import PermanentFailure as PermanentFailure
 from .exceptions import QueueUnavailable as QueueUnavailable
 from .exceptions import Retry as Retry
@@ -36,6 +37,7 @@ __all__ = [
     "JobCancelled",
     "JobStatus",
     "PayloadError",
+    "PayloadTooLarge",
     "PermanentFailure",
     "QueueUnavailable",
     "Retry",

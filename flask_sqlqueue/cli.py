@@ -28,10 +28,7 @@ from . import schema
 from .core import lifecycle
 from .core import queries
 from .core import retention
-from .core.enqueue import EnqueueOptions
-from .core.limits import with_limit_key
 from .core.models import JobStatus
-from .core.payload import encode_payload
 from .core.tasks import task_timeouts
 from .core.worker import WorkerOptions
 from .exceptions import SQLQueueError
@@ -669,6 +666,9 @@ def enqueue_command(
 ) -> None:
     """Enqueue a registered task with JSON arguments.
 
+    The arguments must fit the task's signature, and are checked as any enqueue checks
+    them; nothing is written if they do not.
+
     \b
     Example:
       flask queue enqueue example_app.tasks.build_report --args '[7]' --kwargs '{"fmt": "csv"}'
@@ -676,15 +676,13 @@ def enqueue_command(
     args = _json_arg("--args", args_json, list, "array")
     kwargs = _json_arg("--kwargs", kwargs_json, dict, "object")
     state = _state()
-    registered = state.queue.registry.get(task)
-    if registered is None:
+    if task not in state.queue.registry:  # listing the names: the CLI has no opt-out
         known = ", ".join(sorted(state.queue.registry)) or "none"
         raise click.ClickException(f"No task {task!r} is registered in this app (known: {known}).")
-    options = registered.options.merged(
-        EnqueueOptions(queue=queue, priority=priority, delay=delay, idempotency_key=idempotency_key)
-    )
-    options = with_limit_key(registered, tuple(args), kwargs, options)
-    job = state.store.enqueue(task, encode_payload(args, kwargs), options)
+    job = state.queue.enqueue(
+        task, args, kwargs, queue=queue, priority=priority, delay=delay,
+        idempotency_key=idempotency_key,
+    )  # fmt: skip
     click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
 
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+import math
+from collections.abc import Iterable
+from datetime import UTC
+from datetime import datetime
 from datetime import timedelta
+
+from .bounds import LATEST_RUN_AT
+from .bounds import longest_delay
 
 
 class SQLQueueError(Exception):
@@ -19,14 +27,39 @@ class PayloadError(SQLQueueError, TypeError):
     def __init__(self, path: str, value: object, reason: str) -> None:
         self.path = path
         self.value = value
-        shown = repr(value)
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
-        super().__init__(f"{path} = {shown} {reason}; job arguments must be plain JSON.")
+        super().__init__(f"{path} = {_shown(value)} {reason}; job arguments must be plain JSON.")
 
 
 class PayloadValueError(PayloadError, ValueError):
     """A JSON value the databases would not return unchanged (NaN, NUL characters)."""
+
+
+class PayloadTooLarge(PayloadValueError):
+    """Arguments whose JSON is larger than the database stores in one value."""
+
+    def __init__(self, size: int, limit: int, where: str) -> None:
+        self.path = "arguments"
+        self.value = None
+        self.size = size
+        self.limit = limit
+        SQLQueueError.__init__(
+            self,
+            f"The job's arguments take {size:,} bytes as JSON, over the {limit:,} bytes "
+            f"{where} stores in one value; pass ids or file names, not the data itself.",
+        )
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` cut to 80 characters; never raises, and never takes long."""
+    if type(value) is int and value.bit_length() > 4096:
+        return f"<an int of {value.bit_length():,} bits>"  # its repr may be refused
+    if type(value) is str and len(value) > 80:
+        value = value[:80]  # repr of the part shown only, however long the text
+    try:
+        shown = repr(value)
+    except Exception:  # a structure too deep to show, or a __repr__ that fails
+        shown = f"<{type(value).__name__} object>"
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 class DuplicateTask(ConfigurationError):
@@ -39,13 +72,20 @@ class DuplicateTask(ConfigurationError):
 
 
 class UnknownTask(SQLQueueError, LookupError):
-    """A task name that is not registered with this queue."""
+    """A task name that is not registered with this queue.
 
-    def __init__(self, name: str) -> None:
+    :param known: the names that are registered, to suggest the closest one.
+    """
+
+    def __init__(self, name: str, known: Iterable[str] = ()) -> None:
         self.name = name
+        by_case = {known_name.casefold(): known_name for known_name in known}
+        close = difflib.get_close_matches(name.casefold(), list(by_case), n=1)
+        hint = f" (did you mean {by_case[close[0]]!r}?)" if close else ""
         super().__init__(
-            f"No task {name!r} is registered here; import the module that defines it "
-            "before enqueueing by name or starting the worker."
+            f"No task {name!r} is registered in this app{hint}; import the module that "
+            "declares it, or pass unregistered=True to enqueue it for a worker that does. "
+            "Nothing was enqueued."
         )
 
 
@@ -88,13 +128,26 @@ class Retry(Exception):
     The attempt counts; once attempts are spent the job goes dead as with any failure.
 
     :param delay: seconds, or a :class:`~datetime.timedelta`, before the next attempt.
+    :raises ValueError: ``delay`` is negative, not finite, or would make the next attempt
+        due after :data:`~flask_sqlqueue.bounds.LATEST_RUN_AT`; raised where the task
+        raises ``Retry``, so the attempt fails with it as with any other error.
     :param reason: stored as the job's ``last_error``.
     """
 
     def __init__(self, delay: float | timedelta, reason: str = "") -> None:
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        if not seconds >= 0:
+        try:
+            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
+        if not seconds >= 0:  # NaN too
             raise ValueError(f"Retry delay must be zero or more seconds, got {delay!r}.")
+        if seconds > longest_delay(datetime.now(UTC)):
+            # Refused here, where the task sees it: the worker could not store the time.
+            raise ValueError(
+                f"Retry delay={delay!r} would make the next attempt due after "
+                f"{LATEST_RUN_AT:%Y-%m-%d} (UTC), the latest time the queue stores; retry "
+                "sooner, or raise PermanentFailure to stop retrying."
+            )
         self.delay = seconds
         self.reason = reason
         super().__init__(reason or f"retry requested in {seconds:g}s")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -28,17 +27,15 @@ from sqlalchemy.orm import scoped_session
 from . import schema
 from .config import DEFAULTS
 from .config import Settings
+from .core.enqueue import Call
 from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
 from .core.enqueue import check_options
-from .core.enqueue import check_task_name
-from .core.enqueue import encode_calls
+from .core.enqueue import enqueue
 from .core.isolation import RuntimeLoader
 from .core.jobs import Job
 from .core.lifecycle import BackoffFunc
 from .core.limits import TaskLimits
-from .core.limits import with_limit_key
-from .core.payload import encode_payload
 from .core.periodic import DEFAULT_BACKFILL_LIMIT
 from .core.periodic import DEFAULT_BACKFILL_WINDOW
 from .core.periodic import Schedule
@@ -213,7 +210,6 @@ class SQLQueue:
                 options=EnqueueOptions(queue=queue, priority=priority, max_attempts=max_attempts),
                 backoff=backoff,
                 producer=self._produce,
-                batch_producer=self._produce_many,
                 timeout=timeout,
                 isolate=isolate,
                 limits=limits,
@@ -304,17 +300,23 @@ class SQLQueue:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
+        unregistered: bool = False,
     ) -> Job:
         """Enqueue a task by name, for code that does not import it.
 
-        A registered task's defaults apply; an unregistered name is stored as given and
-        waits, visible in ``flask queue status``, for a worker that knows it.
+        The task's defaults apply, and ``args`` and ``kwargs`` must fit its signature,
+        as with ``Task.enqueue``; the other options are those of ``Task.using``.
+
+        :param unregistered: enqueue a name that this app does not register, as it is
+            (the queue's defaults, no argument checks beyond JSON), for a worker that
+            registers it; until one does, the job waits, visible in
+            ``flask queue status``. Without it such a name is refused.
+        :raises UnknownTask: no task of this app has the name, and ``unregistered`` is
+            not set; nothing is written.
+        :raises TypeError: the arguments do not fit the task, or are not plain JSON.
+        :raises ValueError: a value would not round-trip, the arguments are larger than
+            the database stores, or an option is invalid.
         """
-        check_task_name(task)
-        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
-            raise TypeError(f"args must be a list of arguments, got {args!r}.")
-        if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise TypeError(f"kwargs must be a dict of keyword arguments, got {kwargs!r}.")
         options = EnqueueOptions(
             queue=queue,
             priority=priority,
@@ -324,21 +326,11 @@ class SQLQueue:
             idempotency_key=idempotency_key,
             session=session,
         )
-        registered = self.registry.get(task)
-        if registered is not None:
-            options = registered.options.merged(options)
-            options = with_limit_key(registered, tuple(args), kwargs or {}, options)
-        return self._write(task, encode_payload(args, kwargs or {}), options)
-
-    def _produce(
-        self,
-        task: Task[Any, Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        options: EnqueueOptions,
-    ) -> Job:
-        options = with_limit_key(task, args, kwargs, options)
-        return self._write(task.name, encode_payload(args, kwargs), options)
+        (job,) = self._produce(
+            task, [Call(args, {} if kwargs is None else kwargs)], options,
+            many=False, unregistered=unregistered,
+        )  # fmt: skip
+        return job
 
     def enqueue_many(
         self,
@@ -351,14 +343,16 @@ class SQLQueue:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
+        unregistered: bool = False,
     ) -> list[Job]:
         """Enqueue many jobs of a task by name in one transaction: what
         :meth:`Task.enqueue_many` does, for code that does not import the task.
 
         :param calls: each a :class:`~flask_sqlqueue.core.enqueue.Call` or an
             ``(args, kwargs)`` tuple; idempotency keys go on each ``Call``.
+        :param unregistered: as for :meth:`enqueue`.
+        :raises UnknownTask: as :meth:`enqueue`; nothing is written.
         """
-        check_task_name(task)
         options = EnqueueOptions(
             queue=queue,
             priority=priority,
@@ -367,41 +361,33 @@ class SQLQueue:
             max_attempts=max_attempts,
             session=session,
         )
-        registered = self.registry.get(task)
-        if registered is None:
-            return self._write_many(task, encode_calls(calls), options)
-        return self._produce_many(registered, calls, registered.options.merged(options))
+        return self._produce(task, calls, options, many=True, unregistered=unregistered)
 
-    def _produce_many(
-        self, task: Task[Any, Any], calls: Iterable[CallLike], options: EnqueueOptions
+    def _produce(
+        self,
+        task: Task[Any, Any] | str,
+        calls: Iterable[CallLike],
+        options: EnqueueOptions,
+        *,
+        many: bool,
+        unregistered: bool = False,
     ) -> list[Job]:
-        limits = task.limits
-        limit_key = None
-        if limits is not None and limits.key is not None:
-            limit_key = functools.partial(limits.key_for, task.name)
-        return self._write_many(task.name, encode_calls(calls, limit_key), options)
-
-    def _write_many(
-        self, task: str, calls: list[tuple[str, str | None, str | None]], options: EnqueueOptions
-    ) -> list[Job]:
+        """Every enqueue of the app: find its store, then the core's one path."""
         state = self.state()
         state.ensure_schema()
-        made = state.store.enqueue_many(task, calls, options)
-        if state.settings.eager and task in self.registry:
-            worker = state.eager_worker(current_app._get_current_object())  # type: ignore[attr-defined]
-            for job in dict.fromkeys(made):  # a key repeated in the batch is one job
-                worker.run_job(job.id)
-                job.refresh()
-        return made
-
-    def _write(self, task: str, payload: str, options: EnqueueOptions) -> Job:
-        state = self.state()
-        state.ensure_schema()
-        job = state.store.enqueue(task, payload, options)
-        if state.settings.eager and task in self.registry:
-            state.eager_worker(current_app._get_current_object()).run_job(job.id)  # type: ignore[attr-defined]
-            job.refresh()
-        return job
+        eager = None
+        if state.settings.eager:
+            eager = state.eager_worker(current_app._get_current_object())  # type: ignore[attr-defined]
+        return enqueue(
+            state.store,
+            task,
+            calls,
+            options,
+            registry=self.registry,
+            many=many,
+            unregistered=unregistered,
+            eager=eager,
+        )
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id as it is now, or ``None``."""

@@ -375,7 +375,7 @@ def test_everything_shown_is_escaped(admin: Admin) -> None:
     a, b = XSS
     with admin.ctx():
         echo = sample_app.echo.using(idempotency_key=b).enqueue(a, b, **{a: b, b: a})
-        named = sample_app.queue.enqueue(a, args=[b])  # no such task: stays pending
+        named = sample_app.queue.enqueue(a, args=[b], unregistered=True)  # stays pending
     with admin.ctx():
         failing = sample_app.always_fails.using(max_attempts=1).enqueue(a + b)
     admin.work()
@@ -1251,7 +1251,7 @@ def test_filter_menus_list_every_queue_and_task(admin: Admin) -> None:
         for queue in ("zeta", "alpha", "mail", "alpha"):
             sample_app.add.using(queue=queue).enqueue(1, 1)
         sample_app.report.enqueue(1)
-        sample_app.queue.enqueue("z.last", args=[])
+        sample_app.queue.enqueue("z.last", args=[], unregistered=True)
     store = admin.app.extensions["sqlqueue"].store
     with store.read() as conn:
         assert queries.distinct_values(conn, "queue") == [

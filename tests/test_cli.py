@@ -297,8 +297,8 @@ def test_status_table_counts_totals_and_oldest_age(flask_app: Flask) -> None:
 
 def test_status_warns_about_unregistered_pending_tasks(flask_app: Flask) -> None:
     with flask_app.app_context():
-        sample_app.queue.enqueue("not.registered")
-        sample_app.queue.enqueue("not.registered")
+        sample_app.queue.enqueue("not.registered", unregistered=True)
+        sample_app.queue.enqueue("not.registered", unregistered=True)
     enqueue(flask_app, sample_app.add, 1, 2)
 
     result = cli(flask_app, "status")
@@ -802,10 +802,28 @@ def test_enqueue_with_the_same_idempotency_key_makes_one_job(flask_app: Flask) -
         ([ADD, "--priority", "99999999999"], "priority"),
         ([ADD, "--delay", "inf"], "delay"),
         ([ADD, "--idempotency-key", ""], "idempotency_key"),
+        ([ADD, "--args", "[1, 2, 3]"], "does not take these arguments (too many positional"),
+        ([ADD, "--args", "[1, 2]", "--kwargs", '{"c": 3}'], "unexpected keyword argument 'c'"),
+        ([ADD, "--args", "[1, 2]", "--delay", "1e12"], "due after 9999-12-30 (UTC)"),
+        (["echo", "--args", "[" * 150 + "]" * 150], "nested more than 100 levels deep"),
+        (["echo", "--kwargs", '{"\\ud800": 1}'], "kwargs key = '\\ud800' is not valid"),
     ],
 )
 def test_enqueue_bad_input_writes_nothing(flask_app: Flask, args: list[str], fragment: str) -> None:
     assert_clean_error(cli(flask_app, "enqueue", *args), fragment)
+    assert rows(flask_app) == {}
+
+
+def test_enqueue_arguments_over_the_value_limit_are_refused(flask_app: Flask) -> None:
+    state = flask_app.extensions["sqlqueue"]
+    state.ensure_schema()  # the server's own limit is read once; lower it after that
+    state.store.value_limit = 1000
+    too_big = json.dumps(["x" * 1000])
+    assert_clean_error(
+        cli(flask_app, "enqueue", "echo", "--args", too_big),
+        "The job's arguments take 1,0",
+        "bytes as JSON, over the 1,000 bytes",
+    )
     assert rows(flask_app) == {}
 
 

@@ -42,7 +42,7 @@ def test_stale_workers_unknown_tasks_and_dead_jobs_are_reported(make_app: Any) -
     store = app.extensions["sqlqueue"].store
     long_ago = store.now() - timedelta(minutes=10)
     with app.app_context():
-        sample_app.queue.enqueue("nobody.knows")
+        sample_app.queue.enqueue("nobody.knows", unregistered=True)
         with store.write() as conn:
             conn.execute(
                 sa.insert(workers).values(

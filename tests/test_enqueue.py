@@ -5,6 +5,7 @@ The app fixtures are conftest's ``sq_app`` and ``ctx``.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterator
 from datetime import UTC
@@ -26,10 +27,18 @@ from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue import DuplicateTask
 from flask_sqlqueue import Job
 from flask_sqlqueue import JobStatus
+from flask_sqlqueue import Retry
 from flask_sqlqueue import SQLQueue
+from flask_sqlqueue import UnknownTask
+from flask_sqlqueue import WorkerOptions
+from flask_sqlqueue.bounds import EARLIEST_RUN_AT
+from flask_sqlqueue.bounds import LATEST_RUN_AT
+from flask_sqlqueue.bounds import longest_delay
 from tests import sample_app
+from tests.conftest import install_schema
 from tests.conftest import query
 from tests.conftest import query_dicts
+from tests.sample_app import queue_app
 
 
 @pytest.fixture
@@ -292,7 +301,9 @@ def test_enqueue_by_name_uses_the_registered_defaults(
 def test_enqueue_by_an_unregistered_name_is_stored_pending(
     ctx: Flask, queue: SQLQueue, database_uri: str
 ) -> None:
-    job = queue.enqueue("billing.tasks.charge", args=[1, "eur"], kwargs={"retry": False})
+    job = queue.enqueue(
+        "billing.tasks.charge", args=[1, "eur"], kwargs={"retry": False}, unregistered=True
+    )
     stored = queue.get_job(job.id)
     assert stored is not None
     assert stored.task == "billing.tasks.charge"
@@ -317,7 +328,7 @@ def test_enqueue_by_name_refuses_bad_arguments(
 def test_unregistered_name_uses_the_configured_max_attempts(make_app: Any) -> None:
     app = make_app({"SQLQUEUE_MAX_ATTEMPTS": 12})
     with app.app_context():
-        assert sample_app.queue.enqueue("not.here").max_attempts == 12
+        assert sample_app.queue.enqueue("not.here", unregistered=True).max_attempts == 12
         assert sample_app.add.enqueue(1, 1).max_attempts == 12
         assert sample_app.report.enqueue(1).max_attempts == 7  # the task's own wins
 
@@ -684,3 +695,202 @@ def test_bad_config_values_name_the_key(tmp_path: Path, key: str, value: Any) ->
     with pytest.raises(ConfigurationError, match=key):
         SQLQueue().init_app(app)
     assert "sqlqueue" not in app.extensions  # nothing half set up: fix the config and retry
+
+
+# -- the arguments against the task's signature ----------------------------------------------------
+
+MISFITS: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
+    ("one too many", (1, 2, 3), {}, "too many positional arguments"),
+    ("one missing", (1,), {}, "missing a required argument: 'b'"),
+    ("unknown keyword", (1, 2), {"c": 3}, "got an unexpected keyword argument 'c'"),
+    ("given twice", (1,), {"a": 2}, "multiple values for argument 'a'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "reason"),
+    [case[1:] for case in MISFITS],
+    ids=[case[0] for case in MISFITS],
+)
+def test_arguments_the_function_cannot_take_are_refused(
+    ctx: Flask,
+    queue: SQLQueue,
+    database_uri: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    reason: str,
+) -> None:
+    expected = rf"Task 'tests\.sample_app\.add' does not take these arguments \({reason}\)"
+    with pytest.raises(TypeError, match=expected) as info:
+        sample_app.add.enqueue(*args, **kwargs)
+    assert "it takes (a, b)." in str(info.value)  # its parameters, to fix the call by
+    with pytest.raises(TypeError, match=expected):
+        sample_app.add.using(priority=1, session=None).enqueue(*args, **kwargs)
+    with pytest.raises(TypeError, match=expected):
+        queue.enqueue("tests.sample_app.add", args=list(args), kwargs=kwargs)
+    with pytest.raises(TypeError, match=expected):  # a registered name opts out of nothing
+        queue.enqueue("tests.sample_app.add", args=list(args), kwargs=kwargs, unregistered=True)
+    assert _count(database_uri) == 0
+
+
+def test_arguments_that_fit_are_accepted_in_every_form(ctx: Flask, queue: SQLQueue) -> None:
+    made = [
+        sample_app.add.enqueue(1, 2),
+        sample_app.add.enqueue(1, b=2),
+        sample_app.add.enqueue(a=1, b=2),
+        sample_app.always_fails.enqueue(),  # a default fills the rest
+        sample_app.echo.enqueue(1, 2, 3, any_name=4),  # *args and **kwargs take anything
+        queue.enqueue("echo", args=[1], kwargs={"x": 2}),
+    ]
+    assert [(job.args, job.kwargs) for job in made] == [
+        ([1, 2], {}),
+        ([1], {"b": 2}),
+        ([], {"a": 1, "b": 2}),
+        ([], {}),
+        ([1, 2, 3], {"any_name": 4}),
+        ([1], {"x": 2}),
+    ]
+
+
+def test_the_signature_is_read_once_per_task(
+    ctx: Flask, queue: SQLQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unread(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("inspect.signature was called at enqueue")
+
+    monkeypatch.setattr(inspect, "signature", unread)
+    assert sample_app.add.enqueue(1, 2).args == [1, 2]
+    with pytest.raises(TypeError, match="too many positional arguments"):
+        queue.enqueue("tests.sample_app.add", args=[1, 2, 3])
+
+
+# -- unknown task names ------------------------------------------------------------------------
+
+
+def test_enqueue_by_an_unknown_name_is_refused(
+    ctx: Flask, queue: SQLQueue, database_uri: str
+) -> None:
+    with pytest.raises(UnknownTask, match=r"No task 'billing\.charge' is registered") as info:
+        queue.enqueue("billing.charge", args=[1])
+    assert isinstance(info.value, LookupError)
+    assert "unregistered=True" in str(info.value)  # the way out, for a producer that means it
+    with pytest.raises(UnknownTask, match=r"did you mean 'tests\.sample_app\.add'"):
+        queue.enqueue("tests.sample_app.ad", args=[1, 2])
+    with pytest.raises(UnknownTask, match=r"did you mean 'tests\.sample_app\.add'"):
+        queue.enqueue("TESTS.SAMPLE_APP.ADD", args=[1, 2])
+    with pytest.raises(UnknownTask, match=r"'billing\.charge'"):
+        queue.enqueue_many("billing.charge", [([1], {}), ([2], {})])
+    assert _count(database_uri) == 0
+
+    job = queue.enqueue("billing.charge", args=[1], unregistered=True)
+    (made,) = queue.enqueue_many("billing.charge", [([2], {})], unregistered=True)
+    assert [r["task"] for r in _rows(database_uri)] == ["billing.charge"] * 2
+    assert (job.args, made.args) == ([1], [2])
+
+
+# -- times the database stores ---------------------------------------------------------------------
+
+_MINUS_FIVE = timezone(timedelta(hours=-5))
+
+_YEAR_10000_IN_UTC = datetime(9999, 12, 31, 23, tzinfo=_MINUS_FIVE)
+
+UNSTORABLE_TIMES: list[tuple[str, dict[str, Any], str]] = [
+    ("delay of 31,700 years", {"delay": 1e12}, "delay=1000000000000.0 would make the job due"),
+    ("the longest timedelta", {"delay": timedelta.max}, "delay=datetime.timedelta(days=999999999"),
+    ("an int too large for a float", {"delay": 10**400}, "delay=1000000"),
+    ("infinite delay", {"delay": float("inf")}, "delay=inf would make the job due"),
+    ("after the latest", {"run_at": LATEST_RUN_AT + timedelta(microseconds=1)}, "9999-12-30"),
+    ("year 10000 in UTC", {"run_at": _YEAR_10000_IN_UTC}, "run_at=9999-12-31T23:00:00-05:00"),
+    ("before the earliest", {"run_at": datetime(999, 12, 31, tzinfo=UTC)}, "run_at=0999-12-31"),
+]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [case[1:] for case in UNSTORABLE_TIMES],
+    ids=[case[0] for case in UNSTORABLE_TIMES],
+)
+def test_times_the_database_cannot_store_are_refused(
+    ctx: Flask, queue: SQLQueue, database_uri: str, options: dict[str, Any], named: str
+) -> None:
+    limit = "9999-12-30" if "delay" in options else "1000-01-02 to 9999-12-30 (UTC)"
+    for enqueue in (
+        lambda: sample_app.add.using(**options).enqueue(1, 2),
+        lambda: queue.enqueue("tests.sample_app.add", args=[1, 2], **options),
+        lambda: queue.enqueue_many("tests.sample_app.add", [([1, 2], {})], **options),
+        lambda: queue.enqueue("elsewhere.task", unregistered=True, **options),
+    ):
+        with pytest.raises(ValueError) as info:
+            enqueue()
+        assert named in str(info.value)
+        assert limit in str(info.value)
+    assert _count(database_uri) == 0
+
+
+def test_the_first_and_last_storable_times_round_trip(ctx: Flask, queue: SQLQueue) -> None:
+    latest = sample_app.add.using(run_at=LATEST_RUN_AT).enqueue(1, 1)
+    earliest = sample_app.add.using(run_at=EARLIEST_RUN_AT).enqueue(2, 2)
+    shown_in_a_zone = LATEST_RUN_AT.astimezone(timezone(timedelta(hours=23, minutes=59)))
+    nearly = sample_app.add.using(run_at=shown_in_a_zone).enqueue(3, 3)
+    longest = sample_app.add.using(delay=longest_delay(_now()) - 3600).enqueue(4, 4)
+    stored = [queue.get_job(job.id) for job in (latest, earliest, nearly, longest)]
+    assert [job.run_at if job else None for job in stored[:3]] == [
+        LATEST_RUN_AT,
+        EARLIEST_RUN_AT,
+        LATEST_RUN_AT,
+    ]
+    assert stored[3] is not None
+    assert LATEST_RUN_AT - timedelta(hours=2) < stored[3].run_at < LATEST_RUN_AT
+
+
+def test_retry_refuses_a_delay_the_database_cannot_store() -> None:
+    for delay in (1e12, timedelta.max, 10**400, float("inf"), float("nan"), -1):
+        with pytest.raises(ValueError, match="Retry delay"):
+            Retry(delay)
+    with pytest.raises(ValueError, match="9999-12-30"):
+        Retry(1e12)
+    assert Retry(timedelta(days=365 * 100)).delay == 365 * 100 * 86400
+
+
+def _queue_app(queue: SQLQueue, database_uri: str, **config: Any) -> Flask:
+    """An app for a queue of the test's own, on the test's database."""
+    if not database_uri.startswith("sqlite"):
+        install_schema(database_uri)
+    app = queue_app(__name__, queue, {"SQLQUEUE_DATABASE_URI": database_uri, **config})
+    queue.upgrade_database(app=app)
+    return app
+
+
+def test_retry_too_far_ahead_spends_only_its_own_attempt(make_app: Any, database_uri: str) -> None:
+    # The usual backoff puts the next attempt an hour away, where a burst stops.
+    app = make_app({"SQLQUEUE_BACKOFF_BASE": 3600})
+    with app.app_context():
+        job = sample_app.asks_retry.enqueue(1e12)
+        before = _now()
+        sample_app.queue.worker(WorkerOptions(poll_interval=0.05), app).run(burst=True)
+        after = _now()
+    job.refresh()
+    assert (job.status, job.attempts) == (JobStatus.PENDING, 1)
+    assert job.last_error is not None
+    assert job.last_error.startswith("ValueError: Retry delay=1000000000000.0 would make")
+    # The failure took the usual backoff: min(cap, 3600 * 2**1) is the one-hour cap.
+    assert before + timedelta(hours=1) <= job.run_at <= after + timedelta(hours=1, seconds=1)
+
+
+def test_a_backoff_past_the_latest_time_waits_until_then(database_uri: str) -> None:
+    queue = SQLQueue()
+
+    @queue.task(name="far_backoff", backoff=lambda attempt: 1e12, max_attempts=3)
+    def far_backoff() -> None:
+        raise RuntimeError("down")
+
+    app = _queue_app(queue, database_uri)
+    try:
+        with app.app_context():
+            job = far_backoff.enqueue()
+            queue.worker(WorkerOptions(poll_interval=0.05), app).run(burst=True)
+            job.refresh()
+    finally:
+        _dispose(app)
+    assert (job.status, job.attempts, job.run_at) == (JobStatus.PENDING, 1, LATEST_RUN_AT)
+    assert job.last_error == "RuntimeError: down"

@@ -93,6 +93,9 @@ BAD_CALLS: list[tuple[str, Any, type[Exception], str]] = [
     ("string args", ("12", {}), TypeError, r"calls\[2\]: args must be a list"),
     ("list kwargs", ([1, 2], [("a", 1)]), TypeError, r"calls\[2\]: kwargs must be a dict"),
     ("empty key", Call([1, 2], idempotency_key=""), ValueError, r"calls\[2\]: idempotency_key"),
+    ("missing argument", ([1], {}), TypeError, r"calls\[2\]: Task '\S+add' does not take .* 'b'"),
+    ("unknown keyword", ([1, 2], {"c": 3}), TypeError, r"calls\[2\]: .*unexpected keyword .*'c'"),
+    ("huge int", ([10**5000, 1], {}), ValueError, r"calls\[2\]: args\[0\] = <an int of"),
 ]
 
 
@@ -156,7 +159,9 @@ def test_by_name_uses_the_registered_defaults(
 ) -> None:
     made = queue.enqueue_many("tests.sample_app.report", [([1], {}), ([2], {})], priority=1)
     assert [(j.queue, j.priority, j.max_attempts) for j in made] == [("reports", 1, 7)] * 2
-    other = queue.enqueue_many("billing.charge", [Call([1, "eur"], idempotency_key="c-1")])
+    other = queue.enqueue_many(
+        "billing.charge", [Call([1, "eur"], idempotency_key="c-1")], unregistered=True
+    )
     assert (other[0].task, other[0].queue, other[0].max_attempts) == (
         "billing.charge",
         "default",

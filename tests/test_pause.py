@@ -122,7 +122,7 @@ def test_bad_queue_names_are_refused_and_change_nothing(
 
 def test_a_queue_known_only_by_its_jobs_can_be_paused(lapp: Flask, database_uri: str) -> None:
     with lapp.app_context():
-        job = limits_app.queue.enqueue("elsewhere.task", queue="legacy")
+        job = limits_app.queue.enqueue("elsewhere.task", queue="legacy", unregistered=True)
         assert limits_app.queue.pause("legacy")
     assert query(database_uri, "SELECT name FROM sqlqueue_queues") == [("legacy",)]
     assert statuses(database_uri) == {job.id: "pending"}

@@ -6,6 +6,8 @@ The app fixtures are conftest's ``sq_app`` and ``ctx``.
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
 from decimal import Decimal
@@ -17,6 +19,9 @@ import pytest
 from flask import Flask
 
 from flask_sqlqueue import PayloadError
+from flask_sqlqueue import PayloadTooLarge
+from flask_sqlqueue.core.payload import encode_payload
+from flask_sqlqueue.exceptions import PayloadValueError
 from tests import sample_app
 from tests.conftest import query
 
@@ -40,6 +45,14 @@ def _cycle() -> list[Any]:
     looped: list[Any] = [1]
     looped.append(looped)
     return looped
+
+
+def _nested(depth: int, kind: type = list) -> Any:
+    """A list (or a dict under key "k") nested ``depth`` levels deep, built without recursion."""
+    inner: Any = [] if kind is list else {}
+    for _ in range(depth - 1):
+        inner = [inner] if kind is list else {"k": inner}
+    return inner
 
 
 # (args, kwargs, the path the message must name, the bad value's repr in the message)
@@ -69,6 +82,13 @@ REFUSED: list[tuple[str, tuple[Any, ...], dict[str, Any], str]] = [
     ("lone surrogate in key", ({"\udfff": 1},), {}, "args[0] key = '\\udfff'"),
     ("lone surrogate in kwargs", (), {"text": "ok \udc80"}, "kwargs['text']"),
     ("circular list", (_cycle(),), {}, "args[0][1] = [1, [...]]"),
+    ("huge int", (1, 10**5000), {}, "args[1] = <an int of 16,610 bits> has more than 4300 digits"),
+    ("huge int nested", (), {"n": [-(10**4300)]}, "kwargs['n'][0] = <an int of 14,285 bits>"),
+    ("lone surrogate in a kwargs key", (), {"\ud800": 1}, "kwargs key = '\\ud800'"),
+    ("nul in a kwargs key", (), {"a\x00": 1}, "kwargs key = 'a\\x00'"),
+    ("deep lists", (_nested(200),), {}, "nested more than 100 levels deep (the limit)"),
+    ("deep dicts", ({"top": _nested(200, dict)},), {}, "args[0]['top']['k']['k']"),
+    ("far too deep to show", (_nested(50_000),), {}, "[0][0] = <list object> is nested more"),
 ]
 
 
@@ -117,7 +137,7 @@ def test_refusal_by_name_writes_nothing(ctx: Flask, queue: Any, database_uri: st
     with pytest.raises(ValueError, match=r"args\[2\]\['deep'\]\[0\] = nan"):
         queue.enqueue("echo", args=[1, 2, {"deep": [float("nan")]}])
     with pytest.raises(TypeError, match=r"args\[0\] = datetime"):
-        queue.enqueue("not.registered", args=[datetime.now(UTC)])
+        queue.enqueue("not.registered", args=[datetime.now(UTC)], unregistered=True)
     assert _count_jobs(database_uri) == 0
 
 
@@ -155,6 +175,8 @@ PLAIN: list[tuple[str, list[Any], dict[str, Any]]] = [
         {"rows": [{"id": 1, "tags": ["x", "y"]}, {"id": 2, "tags": []}]},
     ),
     ("ordered keys", [{"z": 1, "a": 2, "m": 3}], {"zeta": 1, "alpha": 2}),
+    ("the longest ints", [10**4299, -(10**4299)], {"n": [int("9" * 4300)]}),
+    ("nested to the limit", [_nested(99)], {"d": _nested(99, dict)}),
 ]
 
 
@@ -223,3 +245,91 @@ def test_deep_nesting_is_refused_with_a_clear_error(sq_app: Any) -> None:
     with sq_app.app_context():
         with pytest.raises(ValueError, match="nested more than 100 levels"):
             sample_app.echo.enqueue(deep)
+
+
+def test_an_int_too_long_for_this_process_is_refused_too(ctx: Flask, database_uri: str) -> None:
+    # A process may lower Python's limit on int digits; its own encoder must not fail then.
+    before = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        with pytest.raises(ValueError, match=r"args\[0\] = .* has more than 640 digits"):
+            sample_app.echo.enqueue(10**700)
+    finally:
+        sys.set_int_max_str_digits(before)
+    assert _count_jobs(database_uri) == 0
+
+
+# -- the size the database stores ---------------------------------------------------------------
+
+_MARIADB_ESCAPED = "\\'\"\x00\n\r\x1a"
+
+
+def _counted(payload: str, backend: str) -> int:
+    """The bytes a payload takes as the database counts them, worked out apart from the
+    queue's own code: its UTF-8, and on MariaDB a backslash more per escaped character
+    (PyMySQL writes values into the statement's text)."""
+    size = len(payload.encode("utf-8"))
+    if backend == "mysql":
+        size += sum(payload.count(char) for char in _MARIADB_ESCAPED)
+    return size
+
+
+@pytest.fixture
+def value_limit(ctx: Flask, queue: Any, database_uri: str, backend: str) -> Iterator[int]:
+    """The most bytes one value may take: MariaDB's own (its 16 MiB packet, less 64 KiB
+    for the statement); lowered elsewhere, since SQLite's and PostgreSQL's 1 GB would be
+    too much to allocate in a test."""
+    store = queue.state().store
+    queue.state().ensure_schema()  # reads the server's limit, once
+    if backend == "mysql":
+        ((packet,),) = query(database_uri, "SELECT @@max_allowed_packet")
+        assert store.value_limit == int(packet) - 64 * 1024
+    else:
+        store.value_limit = 100_000
+    yield store.value_limit
+
+
+def test_arguments_larger_than_the_database_stores_are_refused(
+    ctx: Flask, queue: Any, database_uri: str, backend: str, value_limit: int
+) -> None:
+    overhead = _counted(encode_payload(["x"], {}), backend) - 1
+    fits = "x" * (value_limit - overhead)
+    assert _counted(encode_payload([fits], {}), backend) == value_limit
+    job = sample_app.echo.enqueue(fits)  # the largest there is: stored, and read back whole
+    stored = queue.get_job(job.id)
+    assert stored is not None and stored.args == [fits]
+
+    too_big = fits + "x"
+    refusals = [
+        lambda: sample_app.echo.enqueue(too_big),
+        lambda: queue.enqueue("echo", args=[too_big]),
+        lambda: queue.enqueue("elsewhere.task", args=[too_big], unregistered=True),
+    ]
+    for enqueue in refusals:
+        with pytest.raises(PayloadTooLarge) as info:
+            enqueue()
+        assert isinstance(info.value, PayloadValueError)  # a ValueError, as the contract says
+        assert f"take {value_limit + 1:,} bytes as JSON, over the {value_limit:,} bytes" in (
+            str(info.value)
+        )
+    with pytest.raises(PayloadTooLarge, match=r"^calls\[1\]: The job's arguments take"):
+        sample_app.echo.enqueue_many([(["small"], {}), ([too_big], {})])
+    assert _count_jobs(database_uri) == 1
+
+
+def test_the_size_is_counted_as_the_database_counts_it(
+    ctx: Flask, queue: Any, database_uri: str, backend: str, value_limit: int
+) -> None:
+    # JSON writes a quote as two characters; MariaDB's statement escapes both again.
+    quotes = '"' * (value_limit // 3)
+    payload = encode_payload([quotes], {})
+    assert len(payload.encode()) < value_limit
+    if backend == "mysql":
+        assert _counted(payload, backend) > value_limit
+        with pytest.raises(PayloadTooLarge, match="MariaDB"):
+            sample_app.echo.enqueue(quotes)
+        assert _count_jobs(database_uri) == 0
+    else:
+        job = sample_app.echo.enqueue(quotes)
+        stored = queue.get_job(job.id)
+        assert stored is not None and stored.args == [quotes]

@@ -45,6 +45,7 @@ from tests.conftest import fresh_database
 from tests.conftest import install_schema
 from tests.conftest import query
 from tests.sample_app import queue as sample_queue
+from tests.sample_app import queue_app
 
 
 def at(hour: int, minute: int, second: int = 0, day: int = 3) -> datetime:
@@ -458,6 +459,39 @@ def test_a_slot_that_could_not_be_written_is_tried_again(papp: Flask, database_u
     assert keys(database_uri, "every_minute") == [
         slot_key("every_minute", at(10, 0)),
         slot_key("every_minute", at(10, 1)),
+    ]
+
+
+def _no_key(account: str) -> str:
+    raise KeyError(account)
+
+
+def test_a_slot_job_gets_its_concurrency_key(database_uri: str) -> None:
+    """A slot is enqueued as any enqueue is: the task's key function names its bucket,
+    and one whose key function fails holds up no other schedule."""
+    queue = SQLQueue()
+
+    @queue.periodic(
+        "* * * * *", name="sync", concurrency=1, concurrency_key=lambda account: account,
+        args=["acme"],
+    )  # fmt: skip
+    def sync(account: str) -> None: ...
+
+    @queue.periodic(
+        "* * * * *", name="broken", concurrency=1, concurrency_key=_no_key, args=["x"]
+    )  # fmt: skip
+    def broken(account: str) -> None: ...
+
+    if not database_uri.startswith("sqlite"):
+        install_schema(database_uri)
+    app = queue_app(__name__, queue, {"SQLQUEUE_DATABASE_URI": database_uri})
+    try:
+        queue.upgrade_database(app=app)
+        Scheduler(app.extensions["sqlqueue"].store, queue.registry).tick(at(10, 0, 10))
+    finally:
+        app.extensions["sqlqueue"].store.engine.dispose()
+    assert query(database_uri, "SELECT idempotency_key, concurrency_key FROM sqlqueue_jobs") == [
+        (slot_key("sync", at(10, 0)), "acme")
     ]
 
 

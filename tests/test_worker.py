@@ -172,7 +172,9 @@ def test_delay_and_run_at_decide_eligibility(ctx: Flask, tmp_path: Path) -> None
 
 
 def test_worker_claims_only_its_tasks_and_queues(ctx: Flask) -> None:
-    unknown = sample_app.queue.enqueue("nobody.knows", args=[1], kwargs={"x": "y"})
+    unknown = sample_app.queue.enqueue(
+        "nobody.knows", args=[1], kwargs={"x": "y"}, unregistered=True
+    )
     report = sample_app.report.enqueue(7)
     add = sample_app.add.enqueue(1, 2)
     assert report.queue == "reports"
@@ -195,7 +197,7 @@ def test_worker_claims_only_its_tasks_and_queues(ctx: Flask) -> None:
 
 
 def test_task_and_queue_names_are_compared_exactly(ctx: Flask) -> None:
-    shouted = sample_app.queue.enqueue(sample_app.add.name.upper(), args=[1, 2])
+    shouted = sample_app.queue.enqueue(sample_app.add.name.upper(), args=[1, 2], unregistered=True)
     capitalised = sample_app.report.using(queue="Reports").enqueue(1)
     burst(ctx, queues=("reports",))
     assert capitalised.refresh().status is JobStatus.PENDING

@@ -1,7 +1,17 @@
-"""Turning a call into a job row: option checks, run_at math, the insert-once write."""
+"""Turning calls into job rows: the one path every producer takes.
+
+:func:`enqueue` serves ``Task.enqueue``, ``.using(...).enqueue``, ``SQLQueue.enqueue`` by
+name, both ``enqueue_many``, ``flask queue enqueue``, the periodic scheduler and the test
+helpers. Everything is checked before anything is written, so a refusal writes nothing:
+the task name, the options, each call's arguments against the task's signature, the
+arguments as JSON that round-trips, their size against what the database stores in one
+value, the concurrency key, and ``run_at`` against the times every backend stores.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
 import re
 from collections.abc import Callable
@@ -10,17 +20,31 @@ from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
+from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from typing import Any
+from typing import Protocol
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
+from ..bounds import EARLIEST_RUN_AT
+from ..bounds import LATEST_RUN_AT
+from ..bounds import RUN_AT_RANGE
+from ..bounds import longest_delay
 from ..exceptions import PayloadError
+from ..exceptions import PayloadTooLarge
+from ..exceptions import UnknownTask
 from .models import JobStatus
 from .payload import encode_payload
+
+if TYPE_CHECKING:
+    from .jobs import Job
+    from .store import Store
+    from .tasks import Task
 
 _QUEUE_NAME = re.compile(r"[\w.:-]{1,100}")
 _INT32 = 2**31
@@ -48,8 +72,6 @@ class EnqueueOptions:
         )
         if self.delay is not None and self.run_at is not None:
             raise ValueError("Pass delay or run_at, not both.")
-        if self.delay is not None:
-            _delay_seconds(self.delay)
         if self.run_at is not None:
             if not isinstance(self.run_at, datetime):
                 raise TypeError(f"run_at must be a datetime, got {self.run_at!r}.")
@@ -58,6 +80,8 @@ class EnqueueOptions:
                     f"run_at={self.run_at!r} has no timezone; pass an aware datetime "
                     "such as datetime.now(UTC) + timedelta(...)."
                 )
+        # Checked again against the database's clock when the job is written.
+        due_time(self, datetime.now(UTC))
         key = self.idempotency_key
         if key is not None:
             check_key(key, "idempotency_key")
@@ -112,15 +136,49 @@ def check_task_name(name: object) -> str:
 
 
 def _delay_seconds(delay: float | timedelta) -> float:
+    """The delay in seconds; ``inf`` for one too long for a float (refused by the caller)."""
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, int | float) and not isinstance(delay, bool):
-        seconds = float(delay)
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
     else:
         raise TypeError(f"delay={delay!r} must be seconds or a timedelta.")
-    if not math.isfinite(seconds) or seconds < 0:
+    if not seconds >= 0:  # NaN too
         raise ValueError(f"delay={delay!r} must be zero or more seconds.")
     return seconds
+
+
+def due_time(options: EnqueueOptions, now: datetime) -> datetime:
+    """When a job with these options is due, ``now`` being the database's time.
+
+    :raises ValueError: ``run_at``, or ``now`` plus ``delay``, is outside the times the
+        queue stores (:data:`~flask_sqlqueue.bounds.EARLIEST_RUN_AT` to
+        :data:`~flask_sqlqueue.bounds.LATEST_RUN_AT`).
+    """
+    if options.run_at is not None:
+        try:
+            run_at = options.run_at.astimezone(UTC)
+        except OverflowError:  # 9999-12-31 23:00 at UTC-5 is in the year 10000 in UTC
+            run_at = None
+        if run_at is None or not EARLIEST_RUN_AT <= run_at <= LATEST_RUN_AT:
+            raise ValueError(
+                f"run_at={options.run_at.isoformat()} is outside the times the queue "
+                f"stores, {RUN_AT_RANGE}; pass a time in that range."
+            )
+        return run_at
+    if options.delay is not None:
+        seconds = _delay_seconds(options.delay)
+        if seconds > longest_delay(now):
+            raise ValueError(
+                f"delay={options.delay!r} would make the job due after "
+                f"{LATEST_RUN_AT:%Y-%m-%d} (UTC), the latest run_at the queue stores; "
+                "pass a shorter delay."
+            )
+        return now + timedelta(seconds=seconds)
+    return now
 
 
 def job_values(
@@ -131,13 +189,11 @@ def job_values(
     default_max_attempts: int,
     now: datetime,
 ) -> dict[str, Any]:
-    """The full row for a new job; ``options`` must already carry the task's defaults."""
-    if options.run_at is not None:
-        run_at = options.run_at
-    elif options.delay is not None:
-        run_at = now + timedelta(seconds=_delay_seconds(options.delay))
-    else:
-        run_at = now
+    """The full row for a new job; ``options`` must already carry the task's defaults.
+
+    :raises ValueError: the job would be due at a time the queue cannot store.
+    """
+    run_at = due_time(options, now)
     return {
         "queue": options.queue or "default",
         "task": task,
@@ -174,15 +230,116 @@ class Call:
 #: What ``enqueue_many`` takes for each job.
 CallLike = Call | tuple[Sequence[Any], Mapping[str, Any]]
 
-#: ``(args, kwargs) -> concurrency key``: a task's limit key for one call's arguments.
-LimitKey = Callable[[tuple[Any, ...], dict[str, Any]], "str | None"]
+
+# -- the arguments against the task's signature --------------------------------------------
 
 
-def encode_calls(
-    calls: Iterable[CallLike], limit_key: LimitKey | None = None
-) -> list[tuple[str, str | None, str | None]]:
-    """Check and encode every call before anything is written: ``(payload, idempotency
-    key, concurrency key)`` each. The first bad call raises, naming its index."""
+def signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature calls of ``fn`` are checked against; ``None`` if it has none to
+    read (some builtins), and then any call is let through."""
+    try:
+        return inspect.signature(fn)
+    except ValueError:
+        return None
+
+
+def misfit(
+    signature: inspect.Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str | None:
+    """Why a function with ``signature`` could not be called with these arguments
+    (``"missing a required argument: 'b'"``), or ``None`` if it could."""
+    if signature is None:
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return str(exc)
+    return None
+
+
+# -- the one path from calls to jobs ---------------------------------------------------------
+
+
+class RunsJobs(Protocol):
+    """What eager mode needs: a worker that runs one job now (``Worker.run_job``)."""
+
+    def run_job(self, job_id: int) -> bool: ...
+
+
+#: What a call is encoded into: ``(payload, idempotency key, concurrency key)``.
+Encoded = tuple[str, str | None, str | None]
+
+
+def enqueue(
+    store: Store,
+    task: Task[Any, Any] | str,
+    calls: Iterable[CallLike],
+    options: EnqueueOptions | None = None,
+    *,
+    registry: Mapping[str, Task[Any, Any]] | None = None,
+    many: bool = False,
+    unregistered: bool = False,
+    eager: RunsJobs | None = None,
+) -> list[Job]:
+    """Check every call, then write one job per call in one transaction; committed on
+    return unless ``options.session`` is given.
+
+    :param task: a task, or a task name looked up in ``registry``. A registered task's
+        defaults apply, and each call must fit its signature.
+    :param calls: each a :class:`Call` or an ``(args, kwargs)`` tuple; a call's own
+        idempotency key wins over ``options.idempotency_key``.
+    :param many: errors name the index of the call (``calls[3]: ...``), and
+        ``options.idempotency_key`` is refused: one key cannot name many jobs.
+    :param unregistered: write a name that ``registry`` does not hold as it is, for a
+        worker that registers it (no signature or concurrency key then).
+    :param eager: run each job of a registered task at once with this worker, and
+        return it as it is then.
+    :returns: the jobs, in the order of ``calls``; a call whose idempotency key is held
+        already (or repeats an earlier call's) gives the job that holds it.
+    :raises UnknownTask: ``task`` names no task in ``registry``, without ``unregistered``.
+    :raises TypeError: a call does not fit the task's signature, or a value is not JSON.
+    :raises ValueError: a value would not round-trip, the arguments are larger than the
+        database stores (:class:`PayloadTooLarge`), or the job would be due at a time
+        the queue cannot store.
+    """
+    if isinstance(task, str):
+        name = check_task_name(task)
+        found = (registry or {}).get(name)
+        if found is None and not unregistered:
+            raise UnknownTask(name, known=registry or ())
+    else:
+        found, name = task, task.name
+    options = options or EnqueueOptions()
+    if found is not None:
+        options = found.options.merged(options)
+    if many and options.idempotency_key is not None:
+        raise ValueError(
+            "enqueue_many writes many jobs, and one idempotency_key cannot name them all; "
+            "give each job its own with Call(args, kwargs, idempotency_key=...)."
+        )
+    encoded = _encode_calls(store, found, calls, many, options.idempotency_key)
+    if many:
+        made = store.enqueue_many(name, encoded, options)
+    else:
+        ((payload, key, limit),) = encoded
+        one = dataclasses.replace(options, idempotency_key=key, concurrency_key=limit)
+        made = [store.enqueue(name, payload, one)]
+    if eager is not None and found is not None:
+        for job in dict.fromkeys(made):  # a key repeated in the batch is one job
+            eager.run_job(job.id)
+            job.refresh()
+    return made
+
+
+def _encode_calls(
+    store: Store,
+    task: Task[Any, Any] | None,
+    calls: Iterable[CallLike],
+    many: bool,
+    default_key: str | None,
+) -> list[Encoded]:
+    """Check and encode every call before anything is written; the first bad call
+    raises (naming its index with ``many``)."""
     if isinstance(calls, str | bytes | Mapping) or not isinstance(calls, Iterable):
         raise TypeError(
             f"enqueue_many takes a list of calls, each Call(args, kwargs) or an "
@@ -190,32 +347,64 @@ def encode_calls(
         )
     encoded = []
     for index, item in enumerate(calls):
-        where = f"calls[{index}]"
+        where = f"calls[{index}]" if many else ""
         if isinstance(item, Call):
-            args, kwargs, key = item.args, item.kwargs, item.idempotency_key
+            call = item
         elif isinstance(item, tuple) and len(item) == 2:
-            (args, kwargs), key = item, None
+            call = Call(*item)
         else:
             raise TypeError(
-                f"{where} = {item!r} is not a call: pass Call(args, kwargs) or an "
+                f"{where or 'call'} = {item!r} is not a call: pass Call(args, kwargs) or an "
                 "(args, kwargs) tuple."
             )
-        if isinstance(args, str | bytes) or not isinstance(args, Sequence):
-            raise TypeError(f"{where}: args must be a list of arguments, got {args!r}.")
-        if not isinstance(kwargs, Mapping):
-            raise TypeError(f"{where}: kwargs must be a dict of keyword arguments, got {kwargs!r}.")
-        if key is not None:
-            try:
-                check_key(key, "idempotency_key")
-            except ValueError as exc:
-                raise ValueError(f"{where}: {exc}") from None
         try:
-            payload = encode_payload(args, kwargs)
-        except PayloadError as exc:
-            # The same error (a TypeError or ValueError), saying which call it is.
-            exc.path = f"{where}.{exc.path}"
-            exc.args = (f"{where}: {exc.args[0]}",)
+            encoded.append(_encode_call(store, task, call, default_key))
+        except (TypeError, ValueError) as exc:
+            if where:
+                _name_the_call(exc, where)
             raise
-        limit = None if limit_key is None else limit_key(tuple(args), dict(kwargs))
-        encoded.append((payload, key, limit))
+    if not many and len(encoded) != 1:
+        raise TypeError(f"enqueue writes one job; got {len(encoded)} calls.")
     return encoded
+
+
+def _encode_call(
+    store: Store, task: Task[Any, Any] | None, call: Call, default_key: str | None
+) -> Encoded:
+    args, kwargs, key = call.args, call.kwargs, call.idempotency_key
+    if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        raise TypeError(f"args must be a list of arguments, got {args!r}.")
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a dict of keyword arguments, got {kwargs!r}.")
+    key = default_key if key is None else check_key(key, "idempotency_key")
+    payload = encode_payload(args, kwargs)
+    if task is None:
+        limit = None
+    else:
+        reason = misfit(task.signature, args, kwargs)
+        if reason is not None:
+            raise TypeError(
+                f"Task {task.name!r} does not take these arguments ({reason}); it takes "
+                f"{_parameters(task.signature)}. Nothing was enqueued."
+            )
+        limits = task.limits
+        limit = None if limits is None else limits.key_for(task.name, tuple(args), kwargs)
+    size = store.value_size(payload)
+    if size is not None:
+        raise PayloadTooLarge(size, store.value_limit, store.ops.value_limit_source)
+    return payload, key, limit
+
+
+def _parameters(signature: inspect.Signature | None) -> str:
+    """``(a, b=2, *args)``: a signature without its annotations, which may be mere strings."""
+    assert signature is not None
+    bare = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+    return str(signature.replace(parameters=bare, return_annotation=signature.empty))
+
+
+def _name_the_call(exc: BaseException, where: str) -> None:
+    """Say which call of a batch ``exc`` is about: the same error, its message prefixed."""
+    if isinstance(exc, PayloadError):
+        exc.path = f"{where}.{exc.path}"
+    if exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{where}: {exc.args[0]}", *exc.args[1:])

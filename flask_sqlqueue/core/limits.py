@@ -14,7 +14,6 @@ period since the Unix epoch, and the number of starts in it.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 from collections.abc import Callable
@@ -29,7 +28,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import ConfigurationError
-from .enqueue import EnqueueOptions
 from .models import JobStatus
 from .models import jobs
 from .models import limits as limits_table
@@ -120,17 +118,6 @@ class TaskLimits:
         if self.rate is not None:
             parts.append(f"rate {self.rate} per {_seconds(self.period)}")
         return ", ".join(parts) + (" per key" if self.key is not None else "")
-
-
-def with_limit_key(
-    task: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any], options: EnqueueOptions
-) -> EnqueueOptions:
-    """``options`` carrying the key of ``task``'s limits for these arguments, if it has a
-    key function; unchanged (and free) otherwise."""
-    limits: TaskLimits | None = task.limits
-    if limits is None or limits.key is None:
-        return options
-    return dataclasses.replace(options, concurrency_key=limits.key_for(task.name, args, kwargs))
 
 
 def _rate_limit(value: object) -> tuple[int, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
@@ -19,17 +20,29 @@ from ..exceptions import PayloadValueError
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 _loads = json.loads
 
+#: Lists and dicts may be nested this deep.
 MAX_DEPTH = 100
+#: The most digits an int may have: Python's default limit for reading one from text
+#: (``sys.get_int_max_str_digits``), which a worker started with defaults applies.
+MAX_INT_DIGITS = 4300
+# Ints this small have fewer than 640 digits, which Python converts whatever its limit.
+_SMALL_INT_BITS = 2100
 
 
 def check(value: object, path: str, _parents: frozenset[int] = frozenset()) -> None:
     """Raise :class:`PayloadError` naming the first value below ``path`` that is not plain JSON."""
     kind = type(value)
-    if value is None or kind is bool or kind is int:
+    if value is None or kind is bool:
+        return
+    if kind is int:
+        if value.bit_length() > _SMALL_INT_BITS:  # type: ignore[attr-defined]
+            _check_int(value, path)  # type: ignore[arg-type]
         return
     if (kind is list or kind is dict) and len(_parents) >= MAX_DEPTH:
         # MariaDB's JSON functions stop at depth 100; deeper would also exhaust the stack.
-        raise PayloadValueError(path, value, f"is nested more than {MAX_DEPTH} levels deep")
+        raise PayloadValueError(
+            path, value, f"is nested more than {MAX_DEPTH} levels deep (the limit)"
+        )
     if (kind is list or kind is dict) and id(value) in _parents:
         # Without this a list that contains itself recurses until RecursionError.
         raise PayloadValueError(path, value, "contains itself (a circular reference)")
@@ -55,6 +68,22 @@ def check(value: object, path: str, _parents: frozenset[int] = frozenset()) -> N
         raise PayloadError(path, value, f"is a {kind.__name__}, not JSON-serialisable")
 
 
+def _int_digits_limit() -> int:
+    here = sys.get_int_max_str_digits()  # 0: no limit in this process
+    return MAX_INT_DIGITS if here == 0 else min(here, MAX_INT_DIGITS)
+
+
+def _check_int(value: int, path: str) -> None:
+    limit = _int_digits_limit()
+    if abs(value) >= 10**limit:
+        raise PayloadValueError(
+            path,
+            value,
+            f"has more than {limit} digits, the most Python reads back from JSON; "
+            "pass it as a string",
+        )
+
+
 def _check_str(value: str, path: str) -> None:
     if "\x00" in value:
         raise PayloadValueError(path, value, "contains a NUL character, which databases refuse")
@@ -73,6 +102,7 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     for key, item in kwargs.items():
         if type(key) is not str:
             raise PayloadError("kwargs key", key, "is not a string")
+        _check_str(key, "kwargs key")
         check(item, f"kwargs[{key!r}]")
     return _dumps({"args": args, "kwargs": kwargs})
 

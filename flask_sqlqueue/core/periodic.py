@@ -30,7 +30,6 @@ Which slots a scheduler enqueues:
 from __future__ import annotations
 
 import hashlib
-import inspect
 import logging
 import re
 import threading
@@ -56,8 +55,13 @@ from sqlalchemy.engine import Connection
 
 from ..exceptions import ConfigurationError
 from ..exceptions import SQLQueueError
+from .enqueue import Call
 from .enqueue import EnqueueOptions
+from .enqueue import enqueue
+from .enqueue import misfit
+from .enqueue import signature_of
 from .models import schedules
+from .payload import decode_payload
 from .payload import encode_payload
 
 if TYPE_CHECKING:
@@ -166,15 +170,13 @@ class Schedule:
         args = tuple(args)
         kwargs = dict(kwargs or {})
         if fn is not None:
-            try:
-                inspect.signature(fn).bind(*args, **kwargs)
-            except TypeError as exc:
+            # The check every enqueue of the task makes, at declaration.
+            reason = misfit(signature_of(fn), args, kwargs)
+            if reason is not None:
                 raise ConfigurationError(
                     f"Periodic task {task!r}: args={list(args)!r} kwargs={kwargs!r} do not fit "
-                    f"its signature: {exc}."
-                ) from None
-            except ValueError:
-                pass  # no signature to check (a builtin): the call shows it
+                    f"its signature: {reason}."
+                )
         return cls(
             task=task,
             expression=expression,
@@ -301,12 +303,13 @@ def enqueue_slot(
     conn: Connection | None = None,
 ) -> Job:
     """The job of ``slot``: written now, or the one written before (same key); in the
-    transaction of ``conn`` if given."""
+    transaction of ``conn`` if given. It takes the path of every enqueue, so it gets the
+    task's concurrency key too."""
     # run_at is the slot itself: a late or backfilled slot runs at once, in slot order.
-    options = task.options.merged(
-        EnqueueOptions(idempotency_key=schedule.key(slot), run_at=slot, session=conn)
-    )
-    return store.enqueue(task.name, schedule.payload, options)
+    options = EnqueueOptions(idempotency_key=schedule.key(slot), run_at=slot, session=conn)
+    args, kwargs = decode_payload(schedule.payload)
+    (job,) = enqueue(store, task, [Call(args, kwargs)], options)
+    return job
 
 
 class Scheduler:
@@ -344,7 +347,9 @@ class Scheduler:
             assert schedule is not None
             try:
                 self._enqueue_due(task, schedule, now)
-            except (sa.exc.SQLAlchemyError, SQLQueueError) as exc:
+            # TypeError, ValueError: the enqueue's own checks (a concurrency_key that
+            # fails for the schedule's arguments); the other schedules go on regardless.
+            except (sa.exc.SQLAlchemyError, SQLQueueError, TypeError, ValueError) as exc:
                 log.error("periodic task %s: could not enqueue (will retry): %s", task.name, exc)
                 continue
             upcoming = schedule.next_slot(now)

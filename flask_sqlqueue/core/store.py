@@ -161,7 +161,8 @@ class Store:
         *,
         default_max_attempts: int | None = None,
     ) -> Job:
-        """Write one job; with an idempotency key that exists, return that job instead."""
+        """Write one job; with an idempotency key that exists, return that job instead.
+        Producers go through :func:`.enqueue.enqueue`, which checks the job first."""
         values = job_values(
             task,
             payload,

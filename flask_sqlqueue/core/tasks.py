@@ -22,9 +22,11 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
 from ..exceptions import DuplicateTask
+from .enqueue import Call
 from .enqueue import CallLike
 from .enqueue import EnqueueOptions
 from .enqueue import check_task_name
+from .enqueue import signature_of
 from .jobs import Job
 from .lifecycle import BackoffFunc
 from .limits import TaskLimits
@@ -35,22 +37,16 @@ R = TypeVar("R")
 
 
 class Producer(Protocol):
-    """Writes a job for a task: the Flask extension supplies one bound to the current app."""
+    """Writes a task's jobs, one per call, through :func:`~.enqueue.enqueue`: the Flask
+    extension supplies one that finds the current app's store."""
 
     def __call__(
         self,
         task: Task[Any, Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        calls: Iterable[CallLike],
         options: EnqueueOptions,
-    ) -> Job: ...
-
-
-class BatchProducer(Protocol):
-    """Writes one job per call in one transaction (``enqueue_many``)."""
-
-    def __call__(
-        self, task: Task[Any, Any], calls: Iterable[CallLike], options: EnqueueOptions
+        *,
+        many: bool,
     ) -> list[Job]: ...
 
 
@@ -71,7 +67,6 @@ class Task(Generic[P, R]):
         timeout: float | None = None,
         isolate: bool = False,
         limits: TaskLimits | None = None,
-        batch_producer: BatchProducer | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"@task needs a function, got {fn!r}.")
@@ -82,6 +77,8 @@ class Task(Generic[P, R]):
             raise TypeError(f"isolate must be True or False, got {isolate!r}.")
         self.fn = fn
         self.name = check_task_name(name)
+        #: What each enqueue's arguments are checked against (read once, here).
+        self.signature = signature_of(fn)
         #: The task's defaults for queue, priority and max_attempts.
         self.options = options
         self.backoff = backoff
@@ -95,15 +92,20 @@ class Task(Generic[P, R]):
         #: Its concurrency and rate limits (docs/limits.md), or ``None``.
         self.limits = limits
         self._producer = producer
-        self._batch_producer = batch_producer
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
-        """Write a job that runs this task with these arguments; committed on return."""
-        return self._producer(self, args, kwargs, self.options)
+        """Write a job that runs this task with these arguments; committed on return.
+
+        :raises TypeError: the function could not take these arguments, or one is not
+            plain JSON (:class:`~flask_sqlqueue.PayloadError`); nothing is written.
+        :raises ValueError: a value would not round-trip unchanged, or the arguments
+            are larger than the database stores in one value; nothing is written.
+        """
+        return _enqueue_one(self, args, kwargs, self.options)
 
     def enqueue_many(self, calls: Iterable[CallLike]) -> list[Job]:
         """Write one job per call, all in one transaction; committed on return.
@@ -113,9 +115,10 @@ class Task(Generic[P, R]):
             send_report.enqueue_many([(["a@example.com", 1], {}), (["b@example.com", 2], {})])
             send_report.enqueue_many(Call([email, n], idempotency_key=f"r-{n}") for ...)
 
-        Every call's arguments are checked before anything is written: a bad one raises
-        ``TypeError`` or ``ValueError`` naming its index (``calls[3]: args[0] = ...``) and
-        no job is written. Workers are woken once.
+        Every call's arguments are checked before anything is written, as
+        :meth:`enqueue` checks them: a bad one raises ``TypeError`` or ``ValueError``
+        naming its index (``calls[3]: args[0] = ...``) and no job is written. Workers
+        are woken once.
 
         :param calls: each a :class:`Call` (arguments and, if wanted, its own
             ``idempotency_key``) or an ``(args, kwargs)`` tuple.
@@ -138,9 +141,13 @@ class Task(Generic[P, R]):
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
         :param delay: seconds or a timedelta from now; or ``run_at``, an aware datetime.
+            Either must give a time the queue stores
+            (:data:`~flask_sqlqueue.bounds.LATEST_RUN_AT` at the latest).
         :param idempotency_key: at most one job per key; enqueueing it again returns
             the existing job.
         :param session: write the job in this Session's or Connection's transaction.
+        :raises ValueError: an option is invalid, or ``delay``/``run_at`` gives a time
+            the queue cannot store.
         """
         extra = EnqueueOptions(
             queue=queue,
@@ -195,7 +202,8 @@ class BoundTask(Generic[P, R]):
         self.options = options
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
-        return self.task._producer(self.task, args, kwargs, self.options)
+        """:meth:`Task.enqueue` with these options."""
+        return _enqueue_one(self.task, args, kwargs, self.options)
 
     def enqueue_many(self, calls: Iterable[CallLike]) -> list[Job]:
         """:meth:`Task.enqueue_many` with these options (``session=`` included: the
@@ -204,17 +212,17 @@ class BoundTask(Generic[P, R]):
         return _enqueue_many(self.task, calls, self.options)
 
 
+def _enqueue_one(
+    task: Task[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], options: EnqueueOptions
+) -> Job:
+    (job,) = task._producer(task, [Call(args, kwargs)], options, many=False)
+    return job
+
+
 def _enqueue_many(
     task: Task[Any, Any], calls: Iterable[CallLike], options: EnqueueOptions
 ) -> list[Job]:
-    if options.idempotency_key is not None:
-        raise ValueError(
-            "enqueue_many writes many jobs, and one idempotency_key cannot name them all; "
-            "give each job its own with Call(args, kwargs, idempotency_key=...)."
-        )
-    if task._batch_producer is None:
-        raise TypeError(f"{task!r} was not declared on a queue that can enqueue many jobs.")
-    return task._batch_producer(task, calls, options)
+    return task._producer(task, calls, options, many=True)
 
 
 class TaskRegistry(Mapping[str, Task[Any, Any]]):

@@ -33,6 +33,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..bounds import time_after
 from ..exceptions import ClaimLost
 from ..exceptions import ConfigurationError
 from ..exceptions import JobCancelled
@@ -736,7 +737,9 @@ class Worker:
         now = self.clock()
         record = lifecycle.error_record(row.attempts, kind, message, text, self.id, now)
         spent = row.attempts >= row.max_attempts
-        retry_at = None if dead or spent else now + timedelta(seconds=delay)
+        # time_after: a delay past the latest storable time (a task's backoff= said so)
+        # waits until that time instead of failing to record.
+        retry_at = None if dead or spent else time_after(now, delay)
         outcome: dict[str, str] = {}
 
         def write(conn: Any) -> bool:

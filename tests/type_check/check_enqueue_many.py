@@ -18,5 +18,6 @@ keyed: list[Job] = send_report.using(priority=5).enqueue_many(
     Call(kwargs={"email": "c", "report_id": n}, idempotency_key=f"r-{n}") for n in range(3)
 )
 by_name: list[Job] = queue.enqueue_many("reports.send", [([1], {})], queue="reports")
+loose: list[Job] = queue.enqueue_many("elsewhere.task", [([1], {})], unregistered=True)
 
 send_report.enqueue_many(["a@example.com"])  # type: ignore[list-item]

@@ -203,6 +203,8 @@ class DialectOps:
 
     #: Bytes one text value may take before the server's own limit is read.
     default_value_limit: ClassVar[int] = 1_000_000_000
+    #: Where :meth:`value_limit` comes from, as error messages name it.
+    value_limit_source: ClassVar[str] = "this database"
 
     def value_limit(self, conn: Connection) -> int:
         """The most bytes (as :meth:`value_size` counts them) that one text value (a

@@ -37,6 +37,7 @@ class MySQLOps(DialectOps):
     # The whole statement must fit in one packet: MariaDB's default max_allowed_packet,
     # less room for the statement's other columns.
     default_value_limit = 16 * 2**20 - _STATEMENT_ROOM
+    value_limit_source = "MariaDB (its max_allowed_packet, less 64 KiB for the statement)"
 
     def value_limit(self, conn: Connection) -> int:
         packet = conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one()

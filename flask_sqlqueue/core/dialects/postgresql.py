@@ -46,6 +46,7 @@ class PostgresOps(DialectOps):
     clock_query = "SELECT CURRENT_TIMESTAMP"
     # A text value stops at 1 GB (a varlena's 30-bit length).
     default_value_limit = 2**30 - 1
+    value_limit_source = "PostgreSQL"
 
     def check_server(self, conn: Connection) -> None:
         version = conn.dialect.server_version_info or (0,)

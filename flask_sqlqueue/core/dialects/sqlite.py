@@ -35,6 +35,7 @@ class SQLiteOps(DialectOps):
     insert = staticmethod(sqlite_insert)
     # One writer at a time (BEGIN IMMEDIATE): there is nothing to skip.
     skip_locked = False
+    value_limit_source = "SQLite (its SQLITE_LIMIT_LENGTH)"
 
     def value_limit(self, conn: Connection) -> int:
         # SQLITE_LIMIT_LENGTH: a build may lower it from its default of 10**9 bytes.
