@@ -487,7 +487,9 @@ def test_a_slot_job_gets_its_concurrency_key(database_uri: str) -> None:
     app = queue_app(__name__, queue, {"SQLQUEUE_DATABASE_URI": database_uri})
     try:
         queue.upgrade_database(app=app)
-        Scheduler(app.extensions["sqlqueue"].store, queue.registry).tick(at(10, 0, 10))
+        scheduler = Scheduler(app.extensions["sqlqueue"].store, queue.registry)
+        scheduler.tick(at(9, 59, 50))  # first seen: each schedule starts at its next slot
+        scheduler.tick(at(10, 0, 10))
     finally:
         app.extensions["sqlqueue"].store.engine.dispose()
     assert query(database_uri, "SELECT idempotency_key, concurrency_key FROM sqlqueue_jobs") == [
