@@ -17,6 +17,7 @@ from .exceptions import JobCancelled as JobCancelled
 from .exceptions import PayloadError as PayloadError
 from .exceptions import PermanentFailure as PermanentFailure
 from .exceptions import QueueUnavailable as QueueUnavailable
+from .exceptions import ResultTooLarge as ResultTooLarge
 from .exceptions import Retry as Retry
 from .exceptions import SchemaError as SchemaError
 from .exceptions import SQLQueueError as SQLQueueError
@@ -38,6 +39,7 @@ __all__ = [
     "PayloadError",
     "PermanentFailure",
     "QueueUnavailable",
+    "ResultTooLarge",
     "Retry",
     "SQLQueue",
     "SQLQueueError",
