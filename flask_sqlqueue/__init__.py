@@ -18,6 +18,7 @@ from .exceptions import PayloadError as PayloadError
 from .exceptions import PayloadTooLarge as PayloadTooLarge
 from .exceptions import PermanentFailure as PermanentFailure
 from .exceptions import QueueUnavailable as QueueUnavailable
+from .exceptions import ResultTooLarge as ResultTooLarge
 from .exceptions import Retry as Retry
 from .exceptions import SchemaError as SchemaError
 from .exceptions import SQLQueueError as SQLQueueError
@@ -40,6 +41,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentFailure",
     "QueueUnavailable",
+    "ResultTooLarge",
     "Retry",
     "SQLQueue",
     "SQLQueueError",

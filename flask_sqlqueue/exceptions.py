@@ -62,6 +62,27 @@ def _shown(value: object) -> str:
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
+class ResultTooLarge(SQLQueueError, ValueError):
+    """A task returned more JSON than the queue's database stores in one value.
+
+    The attempt fails and the job goes ``dead`` at once: its work is done, and running it
+    again would repeat that work and, most likely, return as much again.
+
+    :param task: the task's name.
+    :param size: bytes of the result's JSON, as the database counts them.
+    :param limit: the most bytes the database stores in one value.
+    """
+
+    def __init__(self, task: str, size: int, limit: int) -> None:
+        self.task = task
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"task {task} returned {size:,} bytes of JSON; this database stores at most "
+            f"{limit:,}; return less, e.g. a reference to where the data is."
+        )
+
+
 class DuplicateTask(ConfigurationError):
     """Two tasks were registered under the same name."""
 

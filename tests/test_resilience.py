@@ -26,6 +26,7 @@ from flask import Flask
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import QueueUnavailable
+from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
@@ -65,8 +66,10 @@ def _wait_for(predicate: Any, what: str) -> None:
 
 
 @contextmanager
-def running_worker(app: Flask, **options: Any) -> Iterator[Any]:
-    worker = sample_app.queue.worker(WorkerOptions(**options), app)
+def running_worker(
+    app: Flask, *, sqlqueue: SQLQueue = sample_app.queue, **options: Any
+) -> Iterator[Any]:
+    worker = sqlqueue.worker(WorkerOptions(**options), app)
     errors: list[BaseException] = []
 
     def run() -> None:

@@ -52,8 +52,12 @@ from ..exceptions import PayloadError
 from ..exceptions import PermanentFailure
 from ..exceptions import Retry
 from . import logcontext
+from .aio import run_to_end
 from .context import JobContext
 from .context import _current
+from .lifecycle import MAX_ERROR_MESSAGE
+from .lifecycle import cut_text
+from .lifecycle import format_error
 from .payload import encode_value
 
 if TYPE_CHECKING:
@@ -76,8 +80,6 @@ TIMEOUT_KIND = "JobTimeout"
 DIED_KIND = "JobProcessDied"
 #: The error type recorded when no child process could be started for an attempt.
 START_KIND = "JobProcessStartFailed"
-
-_MAX_TRACEBACK = 50_000  # the worker's cap on a stored traceback
 
 
 class ChildRuntime(NamedTuple):
@@ -480,7 +482,7 @@ def _run(runtime: ChildRuntime, message: tuple[Any, ...]) -> tuple[Any, ...]:
         with runtime.job_context():
             reset = _current.set(ctx)
             try:
-                outcome = _success(task.fn(*args, **kwargs))
+                outcome = _success(run_to_end(task.fn, args, kwargs))
             except _Terminated:
                 raise
             except BaseException as exc:  # a task's SystemExit must not end the child
@@ -513,7 +515,9 @@ def _success(value: Any) -> tuple[Any, ...]:
 
 def _failure(exc: BaseException) -> tuple[Any, ...]:
     kind = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
-    text = "".join(traceback.format_exception(exc))[-_MAX_TRACEBACK:]
+    # Cut here as the worker cuts them: what crosses the pipe is what is stored.
+    text = format_error(exc)
+    message = cut_text(str(exc), MAX_ERROR_MESSAGE)
     delay = 0.0
     if isinstance(exc, ClaimLost):
         mode = "claim_lost"
@@ -525,4 +529,4 @@ def _failure(exc: BaseException) -> tuple[Any, ...]:
         mode, delay = "retry", exc.delay
     else:
         mode = "error"
-    return ("error", mode, kind, str(exc), text, delay)
+    return ("error", mode, kind, message, text, delay)

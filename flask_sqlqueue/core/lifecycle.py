@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timedelta
+from traceback import TracebackException
 from typing import Any
 
 import sqlalchemy as sa
@@ -52,17 +53,57 @@ class Backoff:
         return min(self.cap, exponential) + (rng.uniform(0, self.jitter) if self.jitter else 0.0)
 
 
+#: Characters of an error's type kept in its record.
+MAX_ERROR_TYPE = 255
+#: Characters of an error message kept (in ``last_error`` and the history): its start.
+MAX_ERROR_MESSAGE = 2_000
+#: Characters of a traceback kept: its end, where the exception is raised.
+MAX_TRACEBACK = 20_000
+#: Failed attempts kept in a job's ``errors`` history: the newest; older ones are dropped.
+MAX_ERRORS_KEPT = 20
+#: UTF-8 bytes a job's ``errors`` history may take (less where the database stores less):
+#: the newest records that fit are kept, so a failure's write always fits.
+MAX_ERROR_HISTORY = 1_000_000
+# What is left of a message when one record alone is too large for the database.
+_SHORT_MESSAGE = 200
+
+
 def error_record(
     attempt: int, kind: str, message: str, traceback: str, worker_id: str | None, now: datetime
 ) -> dict[str, Any]:
+    """One failed attempt as the history stores it, each text cut to its limit."""
     return {
         "attempt": attempt,
-        "type": storable_text(kind),
-        "message": storable_text(message),
-        "traceback": storable_text(traceback),
+        "type": storable_text(cut_text(kind, MAX_ERROR_TYPE)),
+        "message": storable_text(cut_text(message, MAX_ERROR_MESSAGE)),
+        "traceback": storable_text(cut_text(traceback, MAX_TRACEBACK, keep_end=True)),
         "worker": worker_id,
         "at": now.isoformat(),
     }
+
+
+def format_error(exc: BaseException) -> str:
+    """``exc``'s traceback as it is stored: each part cut to :data:`MAX_ERROR_MESSAGE`
+    (so a long message shows once, cut, after the frames) and the whole to
+    :data:`MAX_TRACEBACK`, keeping its end."""
+    parts = TracebackException.from_exception(exc).format()
+    text = "".join(
+        part if len(part) <= MAX_ERROR_MESSAGE else cut_text(part, MAX_ERROR_MESSAGE) + "\n"
+        for part in parts
+    )
+    return cut_text(text, MAX_TRACEBACK, keep_end=True)
+
+
+def cut_text(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start (or end) with a
+    note saying it was cut; never longer than ``limit``, so cutting twice changes nothing."""
+    if len(text) <= limit:
+        return text
+    if keep_end:
+        note = f"[cut: {len(text):,} characters in all; the end follows]\n"
+        return note + text[len(text) - max(0, limit - len(note)) :]
+    note = f" [cut: {len(text):,} characters in all]"
+    return text[: max(0, limit - len(note))] + note
 
 
 def storable_text(text: str) -> str:
@@ -155,11 +196,15 @@ def fail(
     record: dict[str, Any],
     retry_at: datetime | None,
     now: datetime,
+    *,
+    fits: Callable[[str], bool] | None = None,
 ) -> str | None:
     """Record a failed attempt: back to pending at ``retry_at``, or dead when it is ``None``
     (``cancelled`` instead of a retry if its cancellation was asked for).
 
-    Returns the job's new status; ``None`` if the claim was lost (nothing is written then).
+    :param fits: whether a text value fits in this database (``Store.value_size``); the
+        history keeps only the newest records that fit.
+    :returns: the job's new status; ``None`` if the claim was lost (nothing is written then).
     """
     history = conn.execute(
         sa.select(jobs.c.errors, jobs.c.cancel_requested_at).where(_claimed(job_id, token))
@@ -168,7 +213,7 @@ def fail(
         return None
     values: dict[str, Any] = {
         "last_error": _summary(record),
-        "errors": _append(history.errors, record),
+        "errors": _append(history.errors, record, fits),
         "updated_at": now,
         "claim_token": None,
     }
@@ -212,7 +257,11 @@ def _summary(record: dict[str, Any]) -> str:
     return f"{record['type']}: {record['message']}" if record["message"] else record["type"]
 
 
-def _append(history: str | None, record: dict[str, Any]) -> str:
+def _append(
+    history: str | None, record: dict[str, Any], fits: Callable[[str], bool] | None = None
+) -> str:
+    """The history with ``record`` added, bounded: at most :data:`MAX_ERRORS_KEPT`
+    records and :data:`MAX_ERROR_HISTORY` bytes, and within what ``fits``."""
     try:
         items = decode_value(history) or []
     except ValueError:
@@ -220,7 +269,21 @@ def _append(history: str | None, record: dict[str, Any]) -> str:
     if not isinstance(items, list):
         items = []
     items.append(record)
-    return dumps_trusted(items)
+    del items[:-MAX_ERRORS_KEPT]
+    while True:
+        text = dumps_trusted(items)
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size <= MAX_ERROR_HISTORY and (fits is None or fits(text)):
+            return text
+        if len(items) > 1:
+            items.pop(0)  # the oldest goes first
+        elif items[0]["traceback"]:
+            # One record alone is too large here (a server that stores very little).
+            items[0] = {**record, "traceback": ""}
+        else:
+            short = cut_text(record["message"], _SHORT_MESSAGE)
+            items[0] = {**record, "traceback": "", "message": short}
+            return dumps_trusted(items)
 
 
 class InvalidTransition(SQLQueueError, ValueError):

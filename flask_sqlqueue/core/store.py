@@ -40,6 +40,7 @@ from .enqueue import EnqueueOptions
 from .enqueue import job_values
 from .jobs import Job
 from .lifecycle import Backoff
+from .lifecycle import cut_text
 from .models import jobs
 from .models import utcnow
 
@@ -450,10 +451,15 @@ class Store:
                 with self.write() as conn:
                     return fn(conn)
             except sa.exc.DBAPIError as exc:
-                if not is_transient(exc) or time.monotonic() + pause > deadline:
+                if not self.may_retry(exc) or time.monotonic() + pause > deadline:
                     raise
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    def may_retry(self, exc: BaseException) -> bool:
+        """Whether a write that failed with ``exc`` may succeed if tried again: a passing
+        fault (:func:`is_transient`), not a statement the database refuses for its size."""
+        return is_transient(exc) and not self.ops.refuses_value(exc)
 
 
 class Writer:
@@ -496,6 +502,14 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, sa.exc.OperationalError | sa.exc.InterfaceError) or (
         isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated
     )
+
+
+def error_reason(exc: BaseException) -> str:
+    """A database error's first line, without the statement and its parameters (a value
+    too large to store, say), cut to 300 characters."""
+    orig = getattr(exc, "orig", None)
+    lines = str(exc if orig is None else orig).strip().splitlines()
+    return cut_text(lines[0] if lines else type(exc).__name__, 300)
 
 
 class _Values:

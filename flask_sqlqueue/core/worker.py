@@ -20,13 +20,13 @@ import socket
 import sys
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from contextlib import nullcontext
 from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime
 from datetime import timedelta
 from typing import Any
@@ -39,6 +39,7 @@ from ..exceptions import ConfigurationError
 from ..exceptions import JobCancelled
 from ..exceptions import PayloadError
 from ..exceptions import PermanentFailure
+from ..exceptions import ResultTooLarge
 from ..exceptions import Retry
 from . import lifecycle
 from . import logcontext
@@ -46,6 +47,7 @@ from . import periodic
 from . import queries
 from . import retention
 from . import signals
+from .aio import run_to_end
 from .context import JobContext
 from .context import _current
 from .dialects.base import CLAIM_COLUMNS
@@ -58,11 +60,10 @@ from .models import jobs
 from .payload import decode_payload
 from .payload import encode_value
 from .store import Store
+from .store import error_reason
 from .tasks import Task
 
 log = logging.getLogger("flask_sqlqueue.worker")
-
-_MAX_TRACEBACK = 50_000
 
 #: How long a claim waits for jobs claimed less than this long ago to finish, so that
 #: their outcomes share its commit. Short jobs then finish in batches of the worker's
@@ -71,6 +72,16 @@ _MAX_TRACEBACK = 50_000
 LINGER = 0.001
 #: Seconds between two checks for pending jobs that no live worker claims.
 COVERAGE_INTERVAL = 300.0
+
+#: An outcome's write that still fails after this many heartbeats went through is taken
+#: as refused, and replaced by a short error (the database answers, so the statement is
+#: at fault: MariaDB drops the connection of one over ``max_allowed_packet``, which looks
+#: like a lost connection).
+REFUSED_AFTER = 3
+#: The error type recorded when the database refuses to store an attempt's outcome.
+REFUSED_KIND = "OutcomeNotStored"
+#: The error type recorded when a task returns more JSON than the database stores.
+TOO_LARGE_KIND = "ResultTooLarge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +140,27 @@ class _Success:
     value: Any
     result: str | None  # ``value`` as stored JSON
     elapsed: float
+
+
+def _nothing(_result: Any) -> None:
+    return None
+
+
+@dataclass(eq=False, slots=True)
+class _Write:
+    """The fenced write that records an attempt's outcome, and what follows it."""
+
+    label: str
+    extra: dict[str, Any]
+    #: The write; what it returns is falsy when the claim was lost (nothing written).
+    apply: Callable[[Any], Any]
+    #: Called with what ``apply`` returned once it is recorded: the log line, signals.
+    recorded: Callable[[Any], None] = _nothing
+    #: The short write that ends the job instead if the database refuses this one;
+    #: ``None`` on a write that is one already.
+    fallback: Callable[[BaseException], _Write] | None = None
+    #: Times it failed for a fault that may pass; it is retried after each heartbeat.
+    failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +250,8 @@ class Worker:
         self._batching = False
         self._done: list[_Success] = []
         self._recording: set[int] = set()
-        # Outcomes a database fault kept from being recorded: (label, extra, fenced write).
-        self._unrecorded: list[tuple[str, dict[str, Any], Callable[[Any], bool]]] = []
+        # Outcomes a database fault kept from being recorded, retried after each heartbeat.
+        self._unrecorded: list[_Write] = []
 
     # -- public API -----------------------------------------------------------------------
 
@@ -504,15 +536,20 @@ class Worker:
         text = f"outcome not recorded: {error!r}"
         record = lifecycle.error_record(row.attempts, "OutcomeNotRecorded", text, "", self.id, now)
         retry_at = None if row.attempts >= row.max_attempts else now
-        try:
-            status = self.store.run_write(
-                lambda conn: lifecycle.fail(conn, row.id, row.claim_token, record, retry_at, now)
+
+        def apply(conn: Any) -> str | None:
+            return lifecycle.fail(
+                conn, row.id, row.claim_token, record, retry_at, now, fits=self._fits
             )
+
+        def recorded(status: str) -> None:
+            log.warning("job=%s: outcome not recorded; the job is now %s", row.id, status)
+
+        label = job_label(row.id, row.task, row.attempts, row.max_attempts, row.idempotency_key)
+        try:
+            self._finish(_Write(label, _job_extra(row), apply, recorded))
         except Exception:
             log.exception("job=%s could not be handed back; it stays running", row.id)
-            return
-        if status is not None:
-            log.warning("job=%s: outcome not recorded; the job is now %s", row.id, status)
 
     def _finish_running(self) -> None:
         """Wait up to the grace period for running jobs, then hand back the rest."""
@@ -555,10 +592,12 @@ class Worker:
             args, kwargs = decode_payload(row.payload)
         except ValueError as exc:
             log.error("%s: malformed payload, job is dead: %s", label, exc, extra=extra)
-            self._record_failure(row, label, extra, "MalformedPayload", str(exc), "", dead=True)
+            self._finish(
+                self._failure(row, label, extra, "MalformedPayload", str(exc), "", dead=True)
+            )
             return
         if task is None:  # cannot happen for claimed rows; never drop the job if it does
-            self._record_failure(row, label, extra, "UnknownTask", row.task, "", dead=False)
+            self._finish(self._failure(row, label, extra, "UnknownTask", row.task, "", dead=False))
             return
         ctx = self._context(row)
         log.info("%s: started", label, extra=extra)
@@ -593,29 +632,20 @@ class Worker:
         if isinstance(error, JobCancelled):
             self._record_cancelled(row, label, extra)
             return
-        text = "".join(traceback.format_exception(error))[-_MAX_TRACEBACK:]
+        text = lifecycle.format_error(error)
         kind_name = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
         if isinstance(error, AttemptFailed):  # it failed in a child: record the child's error
             text, kind_name = error.text, error.kind
         if isinstance(error, PermanentFailure):
-            self._record_failure(
-                row, label, extra, kind_name, str(error), text, dead=True, error=error
-            )
+            dead, delay = True, 0.0
         elif isinstance(error, Retry):
-            self._record_failure(
-                row, label, extra, kind_name, str(error), text, delay=error.delay, error=error
-            )
+            dead, delay = False, error.delay
         else:
-            self._record_failure(
-                row,
-                label,
-                extra,
-                kind_name,
-                str(error),
-                text,
-                delay=self._backoff(row, task),
-                error=error,
-            )
+            dead, delay = False, self._backoff(row, task)
+        write = self._failure(
+            row, label, extra, kind_name, str(error), text, dead=dead, delay=delay, error=error
+        )
+        self._finish(write)
 
     def _backoff(self, row: Any, task: Task[Any, Any]) -> float:
         if task.backoff is not None:
@@ -638,6 +668,17 @@ class Worker:
             # The work is done: re-running it to store a result would repeat its effects.
             log.warning("%s: result not stored: %s", label, exc, extra=extra)
             result = None
+        size = None if result is None else self.store.value_size(result)
+        if size is not None:
+            # Its write could never succeed. The work is done, and another attempt would
+            # repeat it and most likely return as much: the job is dead (docs/outcomes.md).
+            error = ResultTooLarge(row.task, size, self.store.value_limit)
+            self._finish(
+                self._failure(
+                    row, label, extra, TOO_LARGE_KIND, str(error), "", dead=True, error=error
+                )
+            )
+            return
         success = _Success(row, label, extra, value, result, elapsed)
         with self._lock:
             if self._batching:
@@ -647,14 +688,29 @@ class Worker:
                 self._recording.add(row.id)
                 self._done.append(success)
                 return
-        now = self.clock()
-        done = self._finish(
-            label,
-            extra,
-            lambda conn: lifecycle.complete(conn, row.id, row.claim_token, result, now),
+        self._finish(self._success_write(success))
+
+    def _success_write(self, success: _Success) -> _Write:
+        row = success.row
+        write = functools.partial(
+            lifecycle.complete,
+            job_id=row.id,
+            token=row.claim_token,
+            result=success.result,
+            now=self.clock(),
         )
-        if done:
-            self._succeeded(success)
+
+        def refused(exc: BaseException) -> _Write:
+            reason = f"the database refused to store the result: {error_reason(exc)}"
+            # The work is done, as with a result too large: the job is dead.
+            short = self._failure(
+                row, success.label, success.extra, REFUSED_KIND, reason, "", dead=True, error=exc
+            )
+            return replace(short, fallback=None)
+
+        return _Write(
+            success.label, success.extra, write, lambda _: self._succeeded(success), refused
+        )
 
     def _succeeded(self, success: _Success) -> None:
         log.info("%s: completed in %.3fs", success.label, success.elapsed, extra=success.extra)
@@ -702,15 +758,14 @@ class Worker:
                 within=self.options.stale_after,
             )
         except sa.exc.SQLAlchemyError as exc:
+            retry = self.store.may_retry(exc)
             for s in batch:
-                write = functools.partial(
-                    lifecycle.complete,
-                    job_id=s.row.id,
-                    token=s.row.claim_token,
-                    result=s.result,
-                    now=now,
-                )
-                self._retry_later(s.label, s.extra, write, exc)
+                if retry:
+                    self._retry_later(self._success_write(s), exc)
+                else:
+                    # Refused: one by one, each of the others is recorded and the
+                    # refused one ends with a short error.
+                    self._finish(self._success_write(s))
             return
         self._report(batch, done)
 
@@ -721,7 +776,7 @@ class Worker:
             else:
                 _log_claim_lost(s.label, s.extra)
 
-    def _record_failure(
+    def _failure(
         self,
         row: Any,
         label: str,
@@ -733,59 +788,82 @@ class Worker:
         dead: bool = False,
         delay: float = 0.0,
         error: BaseException | None = None,
-    ) -> None:
+    ) -> _Write:
+        """The write of a failed attempt: the job goes back to pending after ``delay``
+        (dead once its attempts are spent, or with ``dead``)."""
         now = self.clock()
         record = lifecycle.error_record(row.attempts, kind, message, text, self.id, now)
         spent = row.attempts >= row.max_attempts
         # time_after: a delay past the latest storable time (a task's backoff= said so)
         # waits until that time instead of failing to record.
         retry_at = None if dead or spent else time_after(now, delay)
-        outcome: dict[str, str] = {}
 
-        def write(conn: Any) -> bool:
-            status = lifecycle.fail(conn, row.id, row.claim_token, record, retry_at, now)
-            if status is not None:
-                outcome["status"] = status
-            return status is not None
-
-        if not self._finish(label, extra, write):
-            return
-        # The stored, escaped message: a lone surrogate would break UTF-8 log handlers.
-        message = record["message"]
-        if outcome.get("status") == JobStatus.CANCELLED.value:
-            log.info(
-                "%s: failed after its cancellation was asked for; job is cancelled: %s: %s",
-                label,
-                kind,
-                message,
-                extra=extra,
+        def apply(conn: Any) -> str | None:
+            return lifecycle.fail(
+                conn, row.id, row.claim_token, record, retry_at, now, fits=self._fits
             )
+
+        def recorded(status: str) -> None:
+            # The stored, escaped message: a lone surrogate would break UTF-8 log handlers.
+            shown = record["message"]
+            if status == JobStatus.CANCELLED.value:
+                log.info(
+                    "%s: failed after its cancellation was asked for; job is cancelled: %s: %s",
+                    label,
+                    record["type"],
+                    shown,
+                    extra=extra,
+                )
+                self._emit(signals.job_failed, row, error=error)
+                self._emit(signals.job_cancelled, row)
+                return
+            if retry_at is None:
+                log.error(
+                    "%s: failed, job is dead: %s: %s", label, record["type"], shown, extra=extra
+                )
+            else:
+                log.warning(
+                    "%s: failed, retry in %.1fs: %s: %s",
+                    label,
+                    delay,
+                    record["type"],
+                    shown,
+                    extra=extra,
+                )
             self._emit(signals.job_failed, row, error=error)
-            self._emit(signals.job_cancelled, row)
-            return
-        if retry_at is None:
-            log.error("%s: failed, job is dead: %s: %s", label, kind, message, extra=extra)
-        else:
-            log.warning(
-                "%s: failed, retry in %.1fs: %s: %s", label, delay, kind, message, extra=extra
+            if retry_at is None:
+                self._emit(signals.job_dead, row, error=error)
+            else:
+                self._emit(signals.job_retried, row, error=error, retry_at=retry_at)
+
+        def refused(exc: BaseException) -> _Write:
+            what = lifecycle.cut_text(f"{record['type']}: {record['message']}", 300)
+            reason = f"the database refused to store the error ({what}): {error_reason(exc)}"
+            short = self._failure(
+                row, label, extra, REFUSED_KIND, reason, "", dead=dead, delay=delay
             )
-        self._emit(signals.job_failed, row, error=error)
-        if retry_at is None:
-            self._emit(signals.job_dead, row, error=error)
-        else:
-            self._emit(signals.job_retried, row, error=error, retry_at=retry_at)
+            return replace(short, fallback=None)
+
+        return _Write(label, extra, apply, recorded, refused)
+
+    def _fits(self, text: str) -> bool:
+        return self.store.value_size(text) is None
 
     def _record_cancelled(self, row: Any, label: str, extra: dict[str, Any]) -> bool:
         now = self.clock()
-        done = self._finish(
-            label,
-            extra,
-            lambda conn: lifecycle.finish_cancelled(conn, row.id, row.claim_token, now),
-        )
-        if done:
+
+        def recorded(_done: bool) -> None:
             log.info("%s: stopped for a cancellation; job is cancelled", label, extra=extra)
             self._emit(signals.job_cancelled, row)
-        return done
+
+        return self._finish(
+            _Write(
+                label,
+                extra,
+                lambda conn: lifecycle.finish_cancelled(conn, row.id, row.claim_token, now),
+                recorded,
+            )
+        )
 
     def _emit(self, signal: Any, row: Any, **data: Any) -> None:
         """Send ``signal`` about the claimed ``row``, in an app context of its own (a
@@ -811,30 +889,52 @@ class Worker:
             store=self.store,
         )
 
-    def _finish(self, label: str, extra: dict[str, Any], write: Callable[[Any], bool]) -> bool:
+    def _finish(self, write: _Write, *, within: float | None = None) -> bool:
+        """Make an outcome's write; ``True`` once it is recorded. A write that a fault
+        which may pass keeps from the database is retried after each heartbeat; one the
+        database refuses (see :data:`REFUSED_AFTER`) is replaced by its short fallback,
+        so the job ends either way."""
         try:
             # Keep trying while we may still own the claim; past that it will be rescued.
-            done = bool(self.store.run_write(write, within=self.options.stale_after))
+            result = self.store.run_write(
+                write.apply, within=self.options.stale_after if within is None else within
+            )
         except sa.exc.SQLAlchemyError as exc:
-            self._retry_later(label, extra, write, exc)
+            fallback = write.fallback
+            if fallback is None or (self.store.may_retry(exc) and write.failures < REFUSED_AFTER):
+                self._retry_later(write, exc)
+                return False
+            log.error(
+                "%s: the database refused to record the outcome (%s); "
+                "a short error is recorded instead",
+                write.label,
+                error_reason(exc),
+                extra=write.extra,
+            )
+            return self._finish(fallback(exc), within=within)
+        if not result:
+            _log_claim_lost(write.label, write.extra)
             return False
-        if not done:
-            _log_claim_lost(label, extra)
-        return done
+        if write.failures:
+            log.warning(
+                "%s: outcome recorded once the database was back", write.label, extra=write.extra
+            )
+        write.recorded(result)
+        return True
 
-    def _retry_later(
-        self, label: str, extra: dict[str, Any], write: Callable[[Any], bool], exc: Exception
-    ) -> None:
+    def _retry_later(self, write: _Write, exc: Exception) -> None:
         """Keep an outcome's (fenced) write for the heartbeat to retry: giving up would
         strand the row as running, and nobody rescues a job whose worker heartbeats."""
-        log.error(
-            "%s: could not record the outcome yet (%s); it is retried after each heartbeat",
-            label,
-            exc,
-            extra=extra,
-        )
+        if not write.failures:
+            log.error(
+                "%s: could not record the outcome yet (%s); it is retried after each heartbeat",
+                write.label,
+                exc,
+                extra=write.extra,
+            )
+        write.failures += 1
         with self._lock:
-            self._unrecorded.append((label, extra, write))
+            self._unrecorded.append(write)
 
     # -- heartbeat and rescue -------------------------------------------------------------------
 
@@ -843,17 +943,8 @@ class Worker:
         still fenced by its claim: one whose job was rescued meanwhile changes nothing."""
         with self._lock:
             waiting, self._unrecorded = self._unrecorded, []
-        for label, extra, write in waiting:
-            try:
-                done = bool(self.store.run_write(write, within=self.options.heartbeat_interval))
-            except sa.exc.SQLAlchemyError:
-                with self._lock:
-                    self._unrecorded.append((label, extra, write))
-                continue
-            if done:
-                log.warning("%s: outcome recorded once the database was back", label, extra=extra)
-            else:
-                _log_claim_lost(label, extra)
+        for write in waiting:
+            self._finish(write, within=self.options.heartbeat_interval)
 
     def _heartbeat_loop(self) -> None:
         interval = self.options.heartbeat_interval
@@ -1008,7 +1099,7 @@ class Worker:
                 ctx, args, kwargs, task.timeout, functools.partial(self._cancel_asked, ctx.id)
             )
         if task.timeout is None:
-            return task.fn(*args, **kwargs)
+            return run_to_end(task.fn, args, kwargs)
         # A thread cannot be stopped: an overrun is reported, and the outcome recorded
         # when the task returns (see docs/timeouts.md).
         timer = threading.Timer(
@@ -1024,7 +1115,7 @@ class Worker:
         timer.daemon = True
         timer.start()
         try:
-            return task.fn(*args, **kwargs)
+            return run_to_end(task.fn, args, kwargs)
         finally:
             timer.cancel()
 

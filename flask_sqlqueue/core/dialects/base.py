@@ -231,6 +231,12 @@ class DialectOps:
         Default: never (SQLite has one writer at a time)."""
         return False
 
+    def refuses_value(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the database refusing a statement for its size, which looks
+        like a passing fault (an ``OperationalError``) but fails the same way every time.
+        Default: never."""
+        return False
+
     def read_options(self) -> dict[str, Any]:
         """Execution options that mark a transaction as read-only for :meth:`configure_engine`."""
         return {}

@@ -62,7 +62,10 @@ class MySQLOps(DialectOps):
             )
 
     def is_deadlock(self, exc: BaseException) -> bool:
-        return getattr(getattr(exc, "orig", None), "args", (None,))[:1] == (_DEADLOCK,)
+        return _errno(exc) == _DEADLOCK
+
+    def refuses_value(self, exc: BaseException) -> bool:
+        return _errno(exc) in _TOO_LARGE
 
     def add_seconds(
         self, moment: sa.ColumnElement[datetime], seconds: sa.ColumnElement[int]
@@ -127,6 +130,15 @@ class MySQLOps(DialectOps):
 
 _DUPLICATE_KEY = 1062
 _DEADLOCK = 1213  # ER_LOCK_DEADLOCK: the server rolled the transaction back
+# ER_NET_PACKET_TOO_LARGE, ER_WARN_ALLOWED_PACKET_OVERFLOWED. A statement over
+# max_allowed_packet is as often seen as a lost connection (the server closes it while
+# the client still sends); the worker tells that apart by the database answering others.
+_TOO_LARGE = (1153, 1301)
+
+
+def _errno(exc: BaseException) -> object:
+    args = getattr(getattr(exc, "orig", None), "args", ())
+    return args[0] if args else None
 
 
 # Built once: constructing an INSERT per call cost more than executing it.

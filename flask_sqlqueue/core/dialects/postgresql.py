@@ -72,6 +72,10 @@ class PostgresOps(DialectOps):
     def is_deadlock(self, exc: BaseException) -> bool:
         return getattr(getattr(exc, "orig", None), "sqlstate", None) == "40P01"
 
+    def refuses_value(self, exc: BaseException) -> bool:
+        # Class 54, program_limit_exceeded: a value or statement over a hard limit.
+        return str(getattr(getattr(exc, "orig", None), "sqlstate", "")).startswith("54")
+
     def plan_per_execution(self, conn: Connection) -> None:
         # psycopg prepares a statement on its fifth run, and the server then switches to
         # a generic plan, one for any parameters: blind to a time range, it guesses a
