@@ -31,8 +31,6 @@ from typing import Any
 from flask import Flask
 from flask import request
 
-from flask_sqlqueue.admin import create_blueprint as admin_blueprint
-
 from .tasks import queue
 from .views import bp
 
@@ -65,7 +63,7 @@ def create_app(config: Mapping[str, Any] | None = None, instance_path: str | Non
     queue.init_app(app)
     app.register_blueprint(bp)
     app.register_blueprint(
-        admin_blueprint(queue, authorize=_from_this_machine, notice=DEMO_NOTICE),
+        queue.admin_blueprint(authorize=_from_this_machine, notice=DEMO_NOTICE),
         url_prefix="/admin",
     )
     return app

@@ -448,7 +448,9 @@ class SQLQueue:
         self.state(app)  # needs an app; refuses one that another SQLQueue serves
         return drain(app, include_scheduled=include_scheduled, now=now)
 
-    def admin_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
+    def admin_blueprint(
+        self, authorize: Callable[[], Any] | None = None, *, notice: str | None = None
+    ) -> Blueprint:
         """The admin dashboard as a blueprint named ``"sqlqueue"``; register it with a
         ``url_prefix``. Its forms need ``app.secret_key`` (CSRF tokens).
 
@@ -466,10 +468,12 @@ class SQLQueue:
             such as a redirect to the login page, is sent as it is; anything else
             (``False``, ``None``, ``1``, a user object) is a 403. Without it, the
             dashboard is closed: every request is a 403 saying how to configure it.
+        :param notice: a warning shown in a banner at the top of every page, e.g. that
+            this instance is a demo with open access.
         """
         from .admin import create_blueprint
 
-        return create_blueprint(self, authorize)
+        return create_blueprint(self, authorize, notice=notice)
 
     def metrics_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
         """A blueprint serving ``GET /metrics`` for Prometheus: the queue's gauges read
