@@ -32,6 +32,7 @@ from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
 from ..exceptions import QueueUnavailable
+from . import lifecycle
 from . import signals
 from . import wakeup
 from .dialects import DialectOps
@@ -40,6 +41,9 @@ from .enqueue import EnqueueOptions
 from .enqueue import job_values
 from .jobs import Job
 from .lifecycle import Backoff
+from .liveness import BootClock
+from .liveness import HeartbeatWatch
+from .liveness import steady
 from .models import jobs
 from .models import utcnow
 
@@ -57,6 +61,11 @@ _waiters_lock = threading.Lock()
 # for it here instead and are handed the lock as soon as it is free. Keyed by database
 # file, shared by every Store on it; other processes still meet at SQLite's own lock.
 _write_locks: dict[str, threading.RLock] = {}
+
+#: Seconds between two readings of a server's clock (see :meth:`Store.now`).
+CLOCK_SYNC_INTERVAL = 60.0
+#: The same, while no reading has succeeded yet.
+CLOCK_RETRY_INTERVAL = 5.0
 
 
 def database_identity(url: sa.URL) -> str:
@@ -85,10 +94,15 @@ class Store:
             wakeup.wake_dir(engine.url.database or "") if self.ops.name == "sqlite" else None
         )
         self._clock_offset = timedelta(0)
+        #: The database's time at the last reading and the steady clock then; ``None``
+        #: until a reading succeeds. One tuple, so a reader never sees half of an update.
+        self._clock_anchor: tuple[datetime, float] | None = None
         #: Bytes one text value may take here (:meth:`DialectOps.value_limit`); the
         #: server's own figure replaces the default once :meth:`check_server` ran.
         self.value_limit = self.ops.default_value_limit
         self._clock_synced_at = -math.inf
+        #: This machine's boot clock, stamped on heartbeats (core/liveness.py).
+        self.boot: BootClock | None = BootClock.detect()
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
         #: The sender of the queue's signals: the Flask app (set by the extension).
         self.signal_sender: Any = self
@@ -369,27 +383,38 @@ class Store:
     def now(self) -> datetime:
         """The database's current time, so workers on hosts with skewed clocks agree.
 
-        Servers are asked once a minute and the offset to the local clock is applied in
-        between (corrected for half the round trip); SQLite shares the host's clock.
+        Servers are asked once a minute; in between, the time elapsed since on a steady
+        clock (:func:`~.liveness.steady`) is added to their answer, so a step of this
+        host's wall clock never moves it. SQLite shares the host's clock.
         """
-        if self.ops.clock_query is not None and time.monotonic() - self._clock_synced_at > 60:
+        if self.ops.clock_query is None:
+            return utcnow()
+        anchor = self._clock_anchor
+        due = CLOCK_SYNC_INTERVAL if anchor is not None else CLOCK_RETRY_INTERVAL
+        if steady() - self._clock_synced_at > due:
             self.sync_clock()
-        return utcnow() + self._clock_offset
+            anchor = self._clock_anchor
+        if anchor is None:  # the server has not answered yet: the host's clock
+            return utcnow() + self._clock_offset
+        value, at = anchor
+        return value + timedelta(seconds=steady() - at)
 
     def sync_clock(self) -> timedelta:
-        """Measure the database clock's offset from this host's; returns it."""
+        """Read the database's clock; returns its offset from this host's wall clock."""
         assert self.ops.clock_query is not None
-        self._clock_synced_at = time.monotonic()
+        self._clock_synced_at = steady()
         try:
             with self.read() as conn:
-                before = utcnow()
+                before, wall_before = steady(), utcnow()
                 value = conn.exec_driver_sql(self.ops.clock_query).scalar_one()
-                after = utcnow()
+                after, wall_after = steady(), utcnow()
         except sa.exc.DBAPIError:
-            return self._clock_offset  # keep the last offset; try again in a minute
+            return self._clock_offset  # keep the last reading; try again later
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        self._clock_offset = value - (before + (after - before) / 2)
+        # Half the round trip on each side of the server's answer.
+        self._clock_anchor = (value, (before + after) / 2)
+        self._clock_offset = value - (wall_before + (wall_after - wall_before) / 2)
         return self._clock_offset
 
     def check_server(self) -> None:
@@ -406,6 +431,48 @@ class Store:
             return None  # fits however it is encoded or escaped: no need to measure
         size = self.ops.value_size(text)
         return size if size > self.value_limit else None
+
+    # -- rescue ---------------------------------------------------------------------------
+
+    def rescue_stale(
+        self,
+        stale_after: float,
+        *,
+        now: datetime | None = None,
+        watch: HeartbeatWatch | None = None,
+        within: float = 10.0,
+    ) -> list[tuple[int, str, str]]:
+        """Take back the running jobs of workers silent for ``stale_after`` seconds,
+        each judged by the clock it shares with this process (core/liveness.py).
+
+        :param now: the queue's time (default :meth:`now`).
+        :param watch: this process's record of other machines' heartbeats; with it, a
+            worker judged by the queue's time is lost only once the watch too has seen
+            it silent for ``stale_after`` seconds.
+        :returns: ``(job id, new status, lost worker id)`` for each job taken back.
+        """
+        now = self.now() if now is None else now
+        stale_before = now - timedelta(seconds=stale_after)
+        boot = None if self.boot is None else self.boot.cutoff(stale_after)
+
+        def take(conn: Connection) -> list[tuple[int, str, str]]:
+            silent = None
+            if watch is not None:
+                watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
+                silent = watch.silent(stale_after)
+            return lifecycle.rescue_stale(conn, stale_before, now, boot=boot, silent=silent)
+
+        rescued: list[tuple[int, str, str]] = self.run_write(take, within=within)
+        return rescued
+
+    def watch_heartbeats(self, watch: HeartbeatWatch) -> None:
+        """Let ``watch`` look at the heartbeats it keeps, without rescuing anything."""
+        with self.read() as conn:
+            watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
+
+    @property
+    def _boot_id(self) -> str | None:
+        return None if self.boot is None else self.boot.id
 
     # -- reading --------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ from .dialects.base import claim_values
 from .isolation import AttemptFailed
 from .isolation import Isolation
 from .isolation import RuntimeLoader
+from .liveness import HeartbeatWatch
 from .models import JobStatus
 from .models import jobs
 from .payload import decode_payload
@@ -204,6 +205,8 @@ class Worker:
         self._writer = store.writer()  # the claims' own connection
         self._registered = False
         self._last_heartbeat_ok = time.monotonic()
+        # Other machines' heartbeats as this worker saw them (see rescue()).
+        self._watch = HeartbeatWatch()
         self._paused = False
         self._db_error_logged = 0.0
         # Successful outcomes waiting for the next claim's transaction; only while run()
@@ -326,6 +329,7 @@ class Worker:
                 self.options.queues,
                 self.options.concurrency,
                 now,
+                self.store.boot,
             )
         )
         self._registered = True
@@ -840,7 +844,8 @@ class Worker:
             last_ok = self._last_heartbeat_ok
             try:
                 alive = self.store.run_write(
-                    lambda conn: lifecycle.heartbeat(conn, self.id, self.clock()), within=interval
+                    lambda conn: lifecycle.heartbeat(conn, self.id, self.clock(), self.store.boot),
+                    within=interval,
                 )
                 if not alive:
                     # Declared dead while cut off: our running jobs were (or will be)
@@ -860,15 +865,30 @@ class Worker:
             self._record_late()
             if now - healthy_since >= self.options.stale_after:
                 self.rescue()
+            else:
+                self._watch_heartbeats()
             self._prune_if_due()
 
-    def rescue(self) -> list[tuple[int, str, str]]:
-        """Take back the running jobs of workers that stopped heartbeating."""
-        now = self.clock()
-        stale_before = now - timedelta(seconds=self.options.stale_after)
+    def _watch_heartbeats(self) -> None:
+        # From the first heartbeat on, so the first rescue need not watch STALE_AFTER more.
         try:
-            rescued: list[tuple[int, str, str]] = self.store.run_write(
-                lambda conn: lifecycle.rescue_stale(conn, stale_before, now),
+            self.store.watch_heartbeats(self._watch)
+        except sa.exc.SQLAlchemyError as exc:
+            self._log_db_error("heartbeat watch", exc)
+
+    def rescue(self) -> list[tuple[int, str, str]]:
+        """Take back the running jobs of workers that stopped heartbeating.
+
+        A worker on this machine's boot is judged by the boot clock; one elsewhere by
+        the queue's time, and only once this worker has itself seen its heartbeat
+        unchanged for ``stale_after`` seconds (core/liveness.py): no wall-clock step on
+        any host makes a live worker look lost.
+        """
+        try:
+            rescued = self.store.rescue_stale(
+                self.options.stale_after,
+                now=self.clock(),
+                watch=self._watch,
                 within=self.options.heartbeat_interval,
             )
         except sa.exc.SQLAlchemyError as exc:
