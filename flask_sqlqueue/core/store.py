@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
+from ..exceptions import DatabaseFileChanged
 from ..exceptions import QueueUnavailable
 from . import lifecycle
 from . import signals
@@ -93,6 +94,13 @@ class Store:
         self._wake_dir = (
             wakeup.wake_dir(engine.url.database or "") if self.ops.name == "sqlite" else None
         )
+        # SQLite: the file the first connection opened, and whether it has gone since
+        # (deleted: True, replaced: False); writes are refused once it has.
+        self._path = os.path.abspath(engine.url.database or "") if self.ops.name == "sqlite" else ""
+        self._file: tuple[int, int] | None = None
+        self._file_gone: bool | None = None
+        if self._path:
+            event.listen(engine, "connect", self._opened)
         self._clock_offset = timedelta(0)
         #: The database's time at the last reading and the steady clock then; ``None``
         #: until a reading succeeds. One tuple, so a reader never sees half of an update.
@@ -128,9 +136,14 @@ class Store:
     # -- transactions -----------------------------------------------------------------
 
     def write(self) -> Any:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite)."""
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite).
+
+        :raises DatabaseFileChanged: the SQLite file was deleted or replaced since this
+            store opened it.
+        """
         if self._write_lock is None:
             return self.engine.begin()
+        self.check_file()
         return self._sqlite_write()
 
     @contextmanager
@@ -417,6 +430,28 @@ class Store:
         self._clock_offset = value - (wall_before + (wall_after - wall_before) / 2)
         return self._clock_offset
 
+    def check_file(self) -> None:
+        """Raise if the SQLite file at the database's path is no longer the one this
+        store's connections opened (it was deleted, or another moved over it): they
+        would go on with the old file, where every write is lost or never seen."""
+        if self._file is None:
+            return  # a server, or nothing opened yet
+        if self._file_gone is None:
+            found = _file_identity(self._path)
+            if found == self._file:
+                return
+            self._file_gone = found is None
+        raise DatabaseFileChanged(self._path, deleted=self._file_gone)
+
+    def _opened(self, _dbapi_connection: Any, _record: Any) -> None:
+        found = _file_identity(self._path)
+        if self._file is None:
+            self._file = found
+        elif found != self._file and self._file_gone is None:
+            # A connection opened on what is at the path now, beside the pooled ones
+            # on the old file: writes would land in either.
+            self._file_gone = found is None
+
     def check_server(self) -> None:
         """Refuse a server version that cannot claim safely (no SKIP LOCKED); read the
         largest value it stores (:attr:`value_limit`)."""
@@ -533,6 +568,7 @@ class Writer:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
+        self._store.check_file()
         with self._store._writer_turn():
             conn = self._conn
             if conn is None or conn.closed or conn.invalidated:
@@ -554,6 +590,15 @@ class Writer:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``; ``None`` if there is none."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def is_transient(exc: BaseException) -> bool:

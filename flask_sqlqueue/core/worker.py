@@ -35,6 +35,7 @@ import sqlalchemy as sa
 
 from ..exceptions import ClaimLost
 from ..exceptions import ConfigurationError
+from ..exceptions import DatabaseFileChanged
 from ..exceptions import JobCancelled
 from ..exceptions import PayloadError
 from ..exceptions import PermanentFailure
@@ -207,6 +208,8 @@ class Worker:
         self._last_heartbeat_ok = time.monotonic()
         # Other machines' heartbeats as this worker saw them (see rescue()).
         self._watch = HeartbeatWatch()
+        # Why run() must fail once it returns: nothing can be written any more.
+        self._fatal: DatabaseFileChanged | None = None
         self._paused = False
         self._db_error_logged = 0.0
         # Successful outcomes waiting for the next claim's transaction; only while run()
@@ -232,6 +235,7 @@ class Worker:
         """Work until :meth:`stop` is called, or with ``burst`` until nothing is eligible."""
         self._check_tasks()
         self._start_children()
+        self._fatal = None
         self._register()
         inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
         threads = [
@@ -274,8 +278,9 @@ class Worker:
             self._stopping.set()
             for _ in threads:
                 inbox.put(None)
-            self._finish_running()
-            self._flush_done(last=True)  # every finished job's outcome is written
+            if self._fatal is None:  # else nothing can be written: running jobs are lost
+                self._finish_running()
+                self._flush_done(last=True)  # every finished job's outcome is written
             if self._isolation is not None:  # after the hand-back: their jobs are released
                 self._isolation.close()
             self._exited.set()
@@ -283,8 +288,11 @@ class Worker:
             listener.join(timeout=5)
             if scheduler is not None:
                 scheduler.join(timeout=5)
-            self._record_late()
+            if self._fatal is None:
+                self._record_late()
             self.close()
+        if self._fatal is not None:
+            raise self._fatal
 
     def stop(self) -> None:
         """Claim nothing more; :meth:`run` returns once running jobs finish or the grace ends."""
@@ -298,7 +306,7 @@ class Worker:
     def close(self) -> None:
         """Mark this worker's row stopped: it is no longer alive."""
         self._writer.close()
-        if self._registered:
+        if self._registered and self._fatal is None:
             try:
                 self.store.run_write(
                     lambda conn: lifecycle.unregister_worker(conn, self.id, self.clock())
@@ -841,6 +849,8 @@ class Worker:
         # attempts burned). A new worker may rescue from its second heartbeat.
         healthy_since = time.monotonic() - self.options.stale_after + 2 * interval
         while not self._exited.wait(interval):
+            if self._database_file_changed():
+                return  # nothing more to write: the file at the path is not ours
             last_ok = self._last_heartbeat_ok
             try:
                 alive = self.store.run_write(
@@ -875,6 +885,20 @@ class Worker:
             self.store.watch_heartbeats(self._watch)
         except sa.exc.SQLAlchemyError as exc:
             self._log_db_error("heartbeat watch", exc)
+
+    def _database_file_changed(self) -> bool:
+        """Whether the SQLite file was deleted or replaced under this worker; if so, log
+        it with the jobs running and stop: every claim would go on with the old file."""
+        try:
+            self.store.check_file()
+        except DatabaseFileChanged as exc:
+            with self._lock:
+                running = sorted(self._running)
+            self._fatal = DatabaseFileChanged(exc.path, deleted=exc.deleted, running=running)
+            log.error("worker %s: %s", self.id, self._fatal)
+            self.stop()
+            return True
+        return False
 
     def rescue(self) -> list[tuple[int, str, str]]:
         """Take back the running jobs of workers that stopped heartbeating.
