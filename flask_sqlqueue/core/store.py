@@ -63,6 +63,12 @@ _waiters_lock = threading.Lock()
 # file, shared by every Store on it; other processes still meet at SQLite's own lock.
 _write_locks: dict[str, threading.RLock] = {}
 
+# Every live Store and Writer, for a forked child to drop its parent's connections.
+_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_writers: weakref.WeakSet[Writer] = weakref.WeakSet()
+# What a forked child inherited and must neither use nor close: held, never collected.
+_inherited: list[Any] = []
+
 #: Seconds between two readings of a server's clock (see :meth:`Store.now`).
 CLOCK_SYNC_INTERVAL = 60.0
 #: The same, while no reading has succeeded yet.
@@ -111,6 +117,7 @@ class Store:
         self._clock_synced_at = -math.inf
         #: This machine's boot clock, stamped on heartbeats (core/liveness.py).
         self.boot: BootClock | None = BootClock.detect()
+        _stores.add(self)
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
         #: The sender of the queue's signals: the Flask app (set by the extension).
         self.signal_sender: Any = self
@@ -509,6 +516,17 @@ class Store:
     def _boot_id(self) -> str | None:
         return None if self.boot is None else self.boot.id
 
+    # -- forks ------------------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        """In a forked child: a pool of its own (SQLAlchemy's recipe, ``dispose(close=
+        False)``); the parent's connections are kept aside, never used nor closed."""
+        _inherited.append(self.engine.pool)
+        self.engine.dispose(close=False)
+        if self._write_lock is not None:
+            with _waiters_lock:
+                self._write_lock = _write_locks.setdefault(self.identity, threading.RLock())
+
     # -- reading --------------------------------------------------------------------------
 
     def get_job(self, job_id: int) -> Job | None:
@@ -565,6 +583,7 @@ class Writer:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._conn: Connection | None = None
+        _writers.add(self)
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
@@ -590,6 +609,31 @@ class Writer:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _forked(self) -> None:
+        # The parent's connection: closing it here could end the parent's session.
+        if self._conn is not None:
+            _inherited.append(self._conn)
+            self._conn = None
+
+
+def _after_fork_in_child() -> None:
+    """Run in every forked child (gunicorn ``--preload``, uWSGI, ``os.fork()``): parent
+    and child must never share a connection, and a lock held by one of the parent's
+    threads at the fork would stay held for good in the child, where they do not exist."""
+    global _waiters_lock
+    _waiters_lock = threading.Lock()
+    _waiters.clear()  # the parent's idle workers, which the child does not have
+    for key in _write_locks:
+        _write_locks[key] = threading.RLock()
+    for store in list(_stores):
+        store._forked()
+    for writer in list(_writers):
+        writer._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
