@@ -12,6 +12,7 @@ from .core.worker import Worker as Worker
 from .core.worker import WorkerOptions as WorkerOptions
 from .exceptions import ClaimLost as ClaimLost
 from .exceptions import ConfigurationError as ConfigurationError
+from .exceptions import DatabaseFileChanged as DatabaseFileChanged
 from .exceptions import DuplicateTask as DuplicateTask
 from .exceptions import JobCancelled as JobCancelled
 from .exceptions import PayloadError as PayloadError
@@ -33,6 +34,7 @@ __all__ = [
     "Call",
     "ClaimLost",
     "ConfigurationError",
+    "DatabaseFileChanged",
     "DuplicateTask",
     "Job",
     "JobCancelled",

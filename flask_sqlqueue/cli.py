@@ -571,14 +571,15 @@ def purge_command(status: str, older_than: str) -> None:
 def rescue_command() -> None:
     """Take back running jobs whose worker stopped heartbeating (SQLQUEUE_STALE_AFTER).
 
+    Workers on this machine are judged by its boot clock, others by the database's
+    clock, so a step of a wall clock does not make a live worker look lost.
+
     \b
     Example:
       flask queue rescue
     """
     state = _state()
-    now = state.store.now()
-    stale_before = now - timedelta(seconds=state.settings.stale_after)
-    rescued = state.store.run_write(lambda conn: lifecycle.rescue_stale(conn, stale_before, now))
+    rescued = state.store.rescue_stale(state.settings.stale_after)
     for job_id, status, worker in rescued:
         click.echo(f"job {job_id}: worker {worker} lost; now {status}")
     click.echo(f"Rescued {len(rescued)} job(s).")

@@ -204,3 +204,29 @@ class ClaimLost(SQLQueueError):
 
     def __init__(self, job_id: int) -> None:
         super().__init__(f"Job {job_id} was taken from this attempt; stop without side effects.")
+
+
+class DatabaseFileChanged(SQLQueueError):
+    """The SQLite file was deleted or replaced after this process opened it.
+
+    Its connections still hold the old file: what they wrote would be lost (a deleted
+    file) or never seen by anyone (a replaced one), so nothing more is written.
+    """
+
+    def __init__(self, path: str, *, deleted: bool, running: list[int] | None = None) -> None:
+        self.path = path
+        self.deleted = deleted
+        self.running = running
+        what = "was deleted" if deleted else "was replaced by another file"
+        text = (
+            f"The queue's database file {path} {what} after this process opened it; "
+            "nothing more is written to the old file."
+        )
+        if running is None:
+            text += f" Restart the process to use the file now at {path}."
+        else:
+            if running:
+                listed = ", ".join(map(str, running))
+                text += f" Abandoned running job(s) {listed}: their outcomes cannot be recorded."
+            text += f" The worker stopped; start it again to work on the file at {path}."
+        super().__init__(text)

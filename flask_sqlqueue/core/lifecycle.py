@@ -23,6 +23,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import SQLQueueError
+from .liveness import BootClock
+from .liveness import BootCutoff
+from .liveness import elsewhere
+from .liveness import heartbeat_fresh
 from .models import JobStatus
 from .models import jobs
 from .models import workers
@@ -486,6 +490,7 @@ def register_worker(
     concurrency: int,
     now: datetime,
     tasks: Sequence[str] | None = None,
+    boot: BootClock | None = None,
 ) -> None:
     conn.execute(
         sa.insert(workers).values(
@@ -497,18 +502,33 @@ def register_worker(
             concurrency=concurrency,
             started_at=now,
             last_heartbeat_at=now,
+            **({} if boot is None else boot.stamp()),
         )
     )
 
 
-def heartbeat(conn: Connection, worker_id: str, now: datetime) -> bool:
-    """``False`` when the worker's row is gone: it was declared dead and must stop."""
+def heartbeat(
+    conn: Connection, worker_id: str, now: datetime, boot: BootClock | None = None
+) -> bool:
+    """Stamp the worker's row with ``now`` and its boot clock (see core/liveness.py).
+    ``False`` when the row is gone: it was declared dead and must stop."""
     done = conn.execute(
         sa.update(workers)
         .where(workers.c.id == worker_id, workers.c.stopped_at.is_(None))
-        .values(last_heartbeat_at=now)
+        .values(last_heartbeat_at=now, **({} if boot is None else boot.stamp()))
     )
     return done.rowcount == 1
+
+
+def heartbeat_marks(conn: Connection, boot_id: str | None) -> list[tuple[str, Any]]:
+    """``(worker id, last heartbeat)`` of every live worker that a rescuer on boot
+    ``boot_id`` cannot judge by its boot clock, for a :class:`~.liveness.HeartbeatWatch`."""
+    rows = conn.execute(
+        sa.select(workers.c.id, workers.c.last_heartbeat_at).where(
+            workers.c.stopped_at.is_(None), elsewhere(boot_id)
+        )
+    )
+    return [(row.id, row.last_heartbeat_at) for row in rows]
 
 
 def unregister_worker(conn: Connection, worker_id: str, now: datetime) -> None:
@@ -521,16 +541,28 @@ def unregister_worker(conn: Connection, worker_id: str, now: datetime) -> None:
 
 
 def rescue_stale(
-    conn: Connection, stale_before: datetime, now: datetime
+    conn: Connection,
+    stale_before: datetime,
+    now: datetime,
+    *,
+    boot: BootCutoff | None = None,
+    silent: Iterable[str] | None = None,
 ) -> list[tuple[int, str, str]]:
     """Take back running jobs whose worker stopped heartbeating before ``stale_before``.
+
+    With ``boot``, the workers of the rescuer's own boot are judged by their boot clock
+    instead (core/liveness.py). With ``silent``, a worker judged by the queue's time is
+    lost only if it is also among these ids: the ones the rescuer itself saw silent.
 
     The lost attempt counts (it may have crashed the worker: a poison pill must end
     dead, not loop). Returns ``(job id, new status, lost worker id)`` for each job.
     """
-    live = sa.select(workers.c.id).where(
-        workers.c.last_heartbeat_at >= stale_before, workers.c.stopped_at.is_(None)
-    )
+    keep = heartbeat_fresh(stale_before, boot)
+    if silent is not None:
+        boot_id = None if boot is None else boot.boot_id
+        keep = sa.or_(keep, sa.and_(elsewhere(boot_id), workers.c.id.not_in(sorted(silent))))
+    live = sa.select(workers.c.id).where(workers.c.stopped_at.is_(None), keep)
+    lost_now = sa.select(workers.c.id).where(workers.c.stopped_at.is_(None), sa.not_(keep))
     lost = conn.execute(
         sa.select(
             jobs.c.id,
@@ -543,9 +575,14 @@ def rescue_stale(
         ).where(
             jobs.c.status == RUNNING,
             # A missing worker row counts as dead; the start guard covers a worker that
-            # claims in the instant between registering and its first heartbeat.
+            # claims in the instant between registering and its first heartbeat. A worker
+            # found lost now needs no guard: its own clock says how long it is silent.
             sa.or_(jobs.c.worker_id.is_(None), jobs.c.worker_id.not_in(live)),
-            sa.or_(jobs.c.started_at.is_(None), jobs.c.started_at < stale_before),
+            sa.or_(
+                jobs.c.started_at.is_(None),
+                jobs.c.started_at < stale_before,
+                jobs.c.worker_id.in_(lost_now),
+            ),
         )
     ).all()
     rescued = []
@@ -580,7 +617,7 @@ def rescue_stale(
             rescued.append((row.id, status, worker))
     conn.execute(
         sa.update(workers)
-        .where(workers.c.last_heartbeat_at < stale_before, workers.c.stopped_at.is_(None))
+        .where(workers.c.stopped_at.is_(None), sa.not_(keep))
         .values(stopped_at=now, stop_reason="lost")
     )
     conn.execute(sa.delete(workers).where(workers.c.stopped_at < now - GONE_WORKERS_KEPT))

@@ -226,6 +226,12 @@ class WorkerRow(Base):
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     #: ``"stopped"`` after a graceful stop, ``"lost"`` when declared dead for silence.
     stop_reason: Mapped[str | None] = mapped_column(sa.String(32))
+    #: The boot of the machine the worker runs on, and its boot clock (microseconds
+    #: since that boot) at the last heartbeat: a rescuer on the same boot judges the
+    #: worker by that clock, which wall-clock steps do not move (core/liveness.py).
+    #: ``None`` where the machine has no boot clock.
+    boot_id: Mapped[str | None] = mapped_column(sa.String(36))
+    boot_clock_us: Mapped[int | None] = mapped_column(sa.BigInteger)
 
     __table_args__ = MYSQL_TABLE
 

@@ -31,7 +31,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
+from ..exceptions import DatabaseFileChanged
 from ..exceptions import QueueUnavailable
+from . import lifecycle
 from . import signals
 from . import wakeup
 from .dialects import DialectOps
@@ -41,6 +43,9 @@ from .enqueue import job_values
 from .jobs import Job
 from .lifecycle import Backoff
 from .lifecycle import cut_text
+from .liveness import BootClock
+from .liveness import HeartbeatWatch
+from .liveness import steady
 from .models import jobs
 from .models import utcnow
 
@@ -58,6 +63,17 @@ _waiters_lock = threading.Lock()
 # for it here instead and are handed the lock as soon as it is free. Keyed by database
 # file, shared by every Store on it; other processes still meet at SQLite's own lock.
 _write_locks: dict[str, threading.RLock] = {}
+
+# Every live Store and Writer, for a forked child to drop its parent's connections.
+_stores: weakref.WeakSet[Store] = weakref.WeakSet()
+_writers: weakref.WeakSet[Writer] = weakref.WeakSet()
+# What a forked child inherited and must neither use nor close: held, never collected.
+_inherited: list[Any] = []
+
+#: Seconds between two readings of a server's clock (see :meth:`Store.now`).
+CLOCK_SYNC_INTERVAL = 60.0
+#: The same, while no reading has succeeded yet.
+CLOCK_RETRY_INTERVAL = 5.0
 
 
 def database_identity(url: sa.URL) -> str:
@@ -85,11 +101,24 @@ class Store:
         self._wake_dir = (
             wakeup.wake_dir(engine.url.database or "") if self.ops.name == "sqlite" else None
         )
+        # SQLite: the file the first connection opened, and whether it has gone since
+        # (deleted: True, replaced: False); writes are refused once it has.
+        self._path = os.path.abspath(engine.url.database or "") if self.ops.name == "sqlite" else ""
+        self._file: tuple[int, int] | None = None
+        self._file_gone: bool | None = None
+        if self._path:
+            event.listen(engine, "connect", self._opened)
         self._clock_offset = timedelta(0)
+        #: The database's time at the last reading and the steady clock then; ``None``
+        #: until a reading succeeds. One tuple, so a reader never sees half of an update.
+        self._clock_anchor: tuple[datetime, float] | None = None
         #: Bytes one text value may take here (:meth:`DialectOps.value_limit`); the
         #: server's own figure replaces the default once :meth:`check_server` ran.
         self.value_limit = self.ops.default_value_limit
         self._clock_synced_at = -math.inf
+        #: This machine's boot clock, stamped on heartbeats (core/liveness.py).
+        self.boot: BootClock | None = BootClock.detect()
+        _stores.add(self)
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
         #: The sender of the queue's signals: the Flask app (set by the extension).
         self.signal_sender: Any = self
@@ -115,9 +144,14 @@ class Store:
     # -- transactions -----------------------------------------------------------------
 
     def write(self) -> Any:
-        """A write transaction (``BEGIN IMMEDIATE`` on SQLite)."""
+        """A write transaction (``BEGIN IMMEDIATE`` on SQLite).
+
+        :raises DatabaseFileChanged: the SQLite file was deleted or replaced since this
+            store opened it.
+        """
         if self._write_lock is None:
             return self.engine.begin()
+        self.check_file()
         return self._sqlite_write()
 
     @contextmanager
@@ -372,28 +406,61 @@ class Store:
     def now(self) -> datetime:
         """The database's current time, so workers on hosts with skewed clocks agree.
 
-        Servers are asked once a minute and the offset to the local clock is applied in
-        between (corrected for half the round trip); SQLite shares the host's clock.
+        Servers are asked once a minute; in between, the time elapsed since on a steady
+        clock (:func:`~.liveness.steady`) is added to their answer, so a step of this
+        host's wall clock never moves it. SQLite shares the host's clock.
         """
-        if self.ops.clock_query is not None and time.monotonic() - self._clock_synced_at > 60:
+        if self.ops.clock_query is None:
+            return utcnow()
+        anchor = self._clock_anchor
+        due = CLOCK_SYNC_INTERVAL if anchor is not None else CLOCK_RETRY_INTERVAL
+        if steady() - self._clock_synced_at > due:
             self.sync_clock()
-        return utcnow() + self._clock_offset
+            anchor = self._clock_anchor
+        if anchor is None:  # the server has not answered yet: the host's clock
+            return utcnow() + self._clock_offset
+        value, at = anchor
+        return value + timedelta(seconds=steady() - at)
 
     def sync_clock(self) -> timedelta:
-        """Measure the database clock's offset from this host's; returns it."""
+        """Read the database's clock; returns its offset from this host's wall clock."""
         assert self.ops.clock_query is not None
-        self._clock_synced_at = time.monotonic()
+        self._clock_synced_at = steady()
         try:
             with self.read() as conn:
-                before = utcnow()
+                before, wall_before = steady(), utcnow()
                 value = conn.exec_driver_sql(self.ops.clock_query).scalar_one()
-                after = utcnow()
+                after, wall_after = steady(), utcnow()
         except sa.exc.DBAPIError:
-            return self._clock_offset  # keep the last offset; try again in a minute
+            return self._clock_offset  # keep the last reading; try again later
         if value.tzinfo is None:
             value = value.replace(tzinfo=UTC)
-        self._clock_offset = value - (before + (after - before) / 2)
+        # Half the round trip on each side of the server's answer.
+        self._clock_anchor = (value, (before + after) / 2)
+        self._clock_offset = value - (wall_before + (wall_after - wall_before) / 2)
         return self._clock_offset
+
+    def check_file(self) -> None:
+        """Raise if the SQLite file at the database's path is no longer the one this
+        store's connections opened (it was deleted, or another moved over it): they
+        would go on with the old file, where every write is lost or never seen."""
+        if self._file is None:
+            return  # a server, or nothing opened yet
+        if self._file_gone is None:
+            found = _file_identity(self._path)
+            if found == self._file:
+                return
+            self._file_gone = found is None
+        raise DatabaseFileChanged(self._path, deleted=self._file_gone)
+
+    def _opened(self, _dbapi_connection: Any, _record: Any) -> None:
+        found = _file_identity(self._path)
+        if self._file is None:
+            self._file = found
+        elif found != self._file and self._file_gone is None:
+            # A connection opened on what is at the path now, beside the pooled ones
+            # on the old file: writes would land in either.
+            self._file_gone = found is None
 
     def check_server(self) -> None:
         """Refuse a server version that cannot claim safely (no SKIP LOCKED); read the
@@ -409,6 +476,59 @@ class Store:
             return None  # fits however it is encoded or escaped: no need to measure
         size = self.ops.value_size(text)
         return size if size > self.value_limit else None
+
+    # -- rescue ---------------------------------------------------------------------------
+
+    def rescue_stale(
+        self,
+        stale_after: float,
+        *,
+        now: datetime | None = None,
+        watch: HeartbeatWatch | None = None,
+        within: float = 10.0,
+    ) -> list[tuple[int, str, str]]:
+        """Take back the running jobs of workers silent for ``stale_after`` seconds,
+        each judged by the clock it shares with this process (core/liveness.py).
+
+        :param now: the queue's time (default :meth:`now`).
+        :param watch: this process's record of other machines' heartbeats; with it, a
+            worker judged by the queue's time is lost only once the watch too has seen
+            it silent for ``stale_after`` seconds.
+        :returns: ``(job id, new status, lost worker id)`` for each job taken back.
+        """
+        now = self.now() if now is None else now
+        stale_before = now - timedelta(seconds=stale_after)
+        boot = None if self.boot is None else self.boot.cutoff(stale_after)
+
+        def take(conn: Connection) -> list[tuple[int, str, str]]:
+            silent = None
+            if watch is not None:
+                watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
+                silent = watch.silent(stale_after)
+            return lifecycle.rescue_stale(conn, stale_before, now, boot=boot, silent=silent)
+
+        rescued: list[tuple[int, str, str]] = self.run_write(take, within=within)
+        return rescued
+
+    def watch_heartbeats(self, watch: HeartbeatWatch) -> None:
+        """Let ``watch`` look at the heartbeats it keeps, without rescuing anything."""
+        with self.read() as conn:
+            watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
+
+    @property
+    def _boot_id(self) -> str | None:
+        return None if self.boot is None else self.boot.id
+
+    # -- forks ------------------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        """In a forked child: a pool of its own (SQLAlchemy's recipe, ``dispose(close=
+        False)``); the parent's connections are kept aside, never used nor closed."""
+        _inherited.append(self.engine.pool)
+        self.engine.dispose(close=False)
+        if self._write_lock is not None:
+            with _waiters_lock:
+                self._write_lock = _write_locks.setdefault(self.identity, threading.RLock())
 
     # -- reading --------------------------------------------------------------------------
 
@@ -471,9 +591,11 @@ class Writer:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._conn: Connection | None = None
+        _writers.add(self)
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
+        self._store.check_file()
         with self._store._writer_turn():
             conn = self._conn
             if conn is None or conn.closed or conn.invalidated:
@@ -495,6 +617,40 @@ class Writer:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _forked(self) -> None:
+        # The parent's connection: closing it here could end the parent's session.
+        if self._conn is not None:
+            _inherited.append(self._conn)
+            self._conn = None
+
+
+def _after_fork_in_child() -> None:
+    """Run in every forked child (gunicorn ``--preload``, uWSGI, ``os.fork()``): parent
+    and child must never share a connection, and a lock held by one of the parent's
+    threads at the fork would stay held for good in the child, where they do not exist."""
+    global _waiters_lock
+    _waiters_lock = threading.Lock()
+    _waiters.clear()  # the parent's idle workers, which the child does not have
+    for key in _write_locks:
+        _write_locks[key] = threading.RLock()
+    for store in list(_stores):
+        store._forked()
+    for writer in list(_writers):
+        writer._forked()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which cannot fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file at ``path``; ``None`` if there is none."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return (info.st_dev, info.st_ino)
 
 
 def is_transient(exc: BaseException) -> bool:

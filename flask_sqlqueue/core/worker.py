@@ -36,6 +36,7 @@ import sqlalchemy as sa
 from ..bounds import time_after
 from ..exceptions import ClaimLost
 from ..exceptions import ConfigurationError
+from ..exceptions import DatabaseFileChanged
 from ..exceptions import JobCancelled
 from ..exceptions import PayloadError
 from ..exceptions import PermanentFailure
@@ -55,6 +56,7 @@ from .dialects.base import claim_values
 from .isolation import AttemptFailed
 from .isolation import Isolation
 from .isolation import RuntimeLoader
+from .liveness import HeartbeatWatch
 from .models import JobStatus
 from .models import jobs
 from .payload import decode_payload
@@ -240,6 +242,10 @@ class Worker:
         self._writer = store.writer()  # the claims' own connection
         self._registered = False
         self._last_heartbeat_ok = time.monotonic()
+        # Other machines' heartbeats as this worker saw them (see rescue()).
+        self._watch = HeartbeatWatch()
+        # Why run() must fail once it returns: nothing can be written any more.
+        self._fatal: DatabaseFileChanged | None = None
         self._paused = False
         self._db_error_logged = 0.0
         self._next_coverage = 0.0
@@ -267,6 +273,7 @@ class Worker:
         """Work until :meth:`stop` is called, or with ``burst`` until nothing is eligible."""
         self._check_tasks()
         self._start_children()
+        self._fatal = None
         self._register()
         inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
         threads = [
@@ -310,8 +317,9 @@ class Worker:
             self._stopping.set()
             for _ in threads:
                 inbox.put(None)
-            self._finish_running()
-            self._flush_done(last=True)  # every finished job's outcome is written
+            if self._fatal is None:  # else nothing can be written: running jobs are lost
+                self._finish_running()
+                self._flush_done(last=True)  # every finished job's outcome is written
             if self._isolation is not None:  # after the hand-back: their jobs are released
                 self._isolation.close()
             self._exited.set()
@@ -319,8 +327,11 @@ class Worker:
             listener.join(timeout=5)
             if scheduler is not None:
                 scheduler.join(timeout=5)
-            self._record_late()
+            if self._fatal is None:
+                self._record_late()
             self.close()
+        if self._fatal is not None:
+            raise self._fatal
 
     def stop(self) -> None:
         """Claim nothing more; :meth:`run` returns once running jobs finish or the grace ends."""
@@ -334,7 +345,7 @@ class Worker:
     def close(self) -> None:
         """Mark this worker's row stopped: it is no longer alive."""
         self._writer.close()
-        if self._registered:
+        if self._registered and self._fatal is None:
             try:
                 self.store.run_write(
                     lambda conn: lifecycle.unregister_worker(conn, self.id, self.clock())
@@ -365,7 +376,8 @@ class Worker:
                 self.options.queues,
                 self.options.concurrency,
                 now,
-                self._task_names,
+                boot=self.store.boot,
+                tasks=self._task_names,
             )
         )
         self._registered = True
@@ -954,10 +966,13 @@ class Worker:
         # attempts burned). A new worker may rescue from its second heartbeat.
         healthy_since = time.monotonic() - self.options.stale_after + 2 * interval
         while not self._exited.wait(interval):
+            if self._database_file_changed():
+                return  # nothing more to write: the file at the path is not ours
             last_ok = self._last_heartbeat_ok
             try:
                 alive = self.store.run_write(
-                    lambda conn: lifecycle.heartbeat(conn, self.id, self.clock()), within=interval
+                    lambda conn: lifecycle.heartbeat(conn, self.id, self.clock(), self.store.boot),
+                    within=interval,
                 )
                 if not alive:
                     # Declared dead while cut off: our running jobs were (or will be)
@@ -977,17 +992,46 @@ class Worker:
             self._record_late()
             if now - healthy_since >= self.options.stale_after:
                 self.rescue()
+            else:
+                self._watch_heartbeats()
             self._prune_if_due()
             if now >= self._next_coverage:
                 self._warn_unserved()
 
-    def rescue(self) -> list[tuple[int, str, str]]:
-        """Take back the running jobs of workers that stopped heartbeating."""
-        now = self.clock()
-        stale_before = now - timedelta(seconds=self.options.stale_after)
+    def _watch_heartbeats(self) -> None:
+        # From the first heartbeat on, so the first rescue need not watch STALE_AFTER more.
         try:
-            rescued: list[tuple[int, str, str]] = self.store.run_write(
-                lambda conn: lifecycle.rescue_stale(conn, stale_before, now),
+            self.store.watch_heartbeats(self._watch)
+        except sa.exc.SQLAlchemyError as exc:
+            self._log_db_error("heartbeat watch", exc)
+
+    def _database_file_changed(self) -> bool:
+        """Whether the SQLite file was deleted or replaced under this worker; if so, log
+        it with the jobs running and stop: every claim would go on with the old file."""
+        try:
+            self.store.check_file()
+        except DatabaseFileChanged as exc:
+            with self._lock:
+                running = sorted(self._running)
+            self._fatal = DatabaseFileChanged(exc.path, deleted=exc.deleted, running=running)
+            log.error("worker %s: %s", self.id, self._fatal)
+            self.stop()
+            return True
+        return False
+
+    def rescue(self) -> list[tuple[int, str, str]]:
+        """Take back the running jobs of workers that stopped heartbeating.
+
+        A worker on this machine's boot is judged by the boot clock; one elsewhere by
+        the queue's time, and only once this worker has itself seen its heartbeat
+        unchanged for ``stale_after`` seconds (core/liveness.py): no wall-clock step on
+        any host makes a live worker look lost.
+        """
+        try:
+            rescued = self.store.rescue_stale(
+                self.options.stale_after,
+                now=self.clock(),
+                watch=self._watch,
                 within=self.options.heartbeat_interval,
             )
         except sa.exc.SQLAlchemyError as exc:
