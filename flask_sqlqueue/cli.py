@@ -277,7 +277,7 @@ def status_command() -> None:
     now = state.store.now()
     with state.store.read() as conn:
         rows = queries.status(conn, now)
-        cover = queries.coverage(conn, now - timedelta(seconds=state.settings.stale_after))
+        cover = queries.coverage(conn, state.store.heartbeat_fresh(state.settings.stale_after, now))
     if not rows:
         click.echo("No jobs.")
         _echo_schedules(state, now)

@@ -13,7 +13,6 @@ from . import schema
 from .core import queries
 from .core.models import JobStatus
 from .core.models import jobs
-from .core.models import workers
 from .core.store import Store
 from .exceptions import SQLQueueError
 
@@ -123,22 +122,17 @@ def _server(store: Store) -> list[Finding]:
 
 def _workers_and_jobs(store: Store, registered: set[str]) -> list[Finding]:
     found = []
-    now = store.now()
-    stale_before = now - timedelta(seconds=store.settings.stale_after)
+    fresh = store.heartbeat_fresh(store.settings.stale_after)
     with store.read() as conn:
-        rows = conn.execute(
-            sa.select(workers.c.id, workers.c.last_heartbeat_at).where(
-                workers.c.stopped_at.is_(None)
-            )
-        ).all()
+        rows = queries.live_workers(conn, fresh)
         running = conn.execute(
             sa.select(sa.func.count()).where(jobs.c.status == JobStatus.RUNNING.value)
         ).scalar_one()
         dead = conn.execute(
             sa.select(sa.func.count()).where(jobs.c.status == JobStatus.DEAD.value)
         ).scalar_one()
-        cover = queries.coverage(conn, stale_before)
-    stale = [row.id for row in rows if row.last_heartbeat_at < stale_before]
+        cover = queries.coverage(conn, fresh)
+    stale = [row.id for row in rows if not row.fresh]
     live = len(rows) - len(stale)
     found.append(Finding(OK, f"{live} live worker(s), {running} job(s) running"))
     if stale:

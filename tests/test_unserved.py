@@ -8,12 +8,14 @@ import json
 import logging
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from flask import Flask
 
 from flask_sqlqueue import SQLQueue
+from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import queries
 from flask_sqlqueue.core.worker import WorkerOptions
 from tests import sample_app
@@ -136,7 +138,7 @@ def test_counts_stop_at_the_cap(make_app: Any) -> None:
         for n in range(3):
             sample_app.add.enqueue(n, n)
     with store.read() as conn:
-        cover = queries.coverage(conn, store.now(), cap=2)
+        cover = queries.coverage(conn, store.heartbeat_fresh(60), cap=2)
     assert cover.live == 0
     assert [(u.task, u.count, u.capped) for u in cover.unserved] == [
         ("tests.sample_app.add", 2, True)
@@ -144,3 +146,30 @@ def test_counts_stop_at_the_cap(make_app: Any) -> None:
     assert cover.warnings(sample_app.queue.registry) == [
         ("no live worker; 2+ pending job(s) wait for one", "flask queue work")
     ]
+
+
+def test_a_worker_of_this_boot_counts_as_live_by_its_boot_clock(
+    make_app: Any, database_uri: str
+) -> None:
+    """A worker whose heartbeat time looks an hour old (this process's wall clock
+    stepped) but whose boot clock is current is live for status, doctor and the admin."""
+    app = make_app({"SQLQUEUE_STALE_AFTER": 5})
+    store = app.extensions["sqlqueue"].store
+    if store.boot is None:
+        pytest.skip("no boot clock on this system: heartbeats are judged by time alone")
+    app.secret_key = "test"
+    app.register_blueprint(
+        sample_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q"
+    )
+    with app.app_context():
+        sample_app.add.enqueue(1, 2)
+    with store.write() as conn:
+        lifecycle.register_worker(
+            conn, "w-here", "here", 1, [], 1, store.now() - timedelta(hours=1),
+            boot=store.boot, tasks=list(sample_app.queue.registry),
+        )  # fmt: skip
+    doctor = app.test_cli_runner().invoke(args=["queue", "doctor"]).stdout
+    assert "ok    1 live worker(s)" in doctor and "stopped heartbeating" not in doctor
+    assert "warning" not in _status(app).stderr
+    workers_page = app.test_client().get("/q/workers").get_data(as_text=True)
+    assert "w-here" in workers_page and "silent for over" not in workers_page

@@ -244,6 +244,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
     def worker_rows(
         st: _State, conn: Connection, now: datetime, running: list[Any]
     ) -> list[dict[str, Any]]:
+        fresh = st.store.heartbeat_fresh(st.settings.stale_after, now)
         running_by_worker: dict[str | None, list[Any]] = {}
         for job in running:
             running_by_worker.setdefault(job.worker_id, []).append(job)
@@ -251,10 +252,10 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
             {
                 "row": w,
                 "queues": w.queues.split(",") if w.queues else [],
-                "stale": (now - w.last_heartbeat_at).total_seconds() > st.settings.stale_after,
+                "stale": not w.fresh,
                 "running": running_by_worker.get(w.id, []),
             }
-            for w in queries.live_workers(conn)
+            for w in queries.live_workers(conn, fresh)
         ]
 
     @bp.get("/")
@@ -269,8 +270,8 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
             data = queries.activity(conn, now, span=SPANS[span].length, step=SPANS[span].step)
             paused = queues_module.paused_queues(conn)
             buckets = limits.describe(conn, queue.registry, now)
-            alive_since = now - timedelta(seconds=st.settings.stale_after)
-            unserved = queries.coverage(conn, alive_since).warnings(queue.registry)
+            fresh = st.store.heartbeat_fresh(st.settings.stale_after, now)
+            unserved = queries.coverage(conn, fresh).warnings(queue.registry)
         schedules = periodic.describe(st.store, queue.registry, now)
         totals = {s: sum(q.counts.get(s, 0) for q in by_queue) for s in STATUSES}
         # A total made of a capped count is a lower bound too.

@@ -116,11 +116,11 @@ class Coverage:
         return found
 
 
-def coverage(conn: Connection, alive_since: datetime, cap: int = COVERAGE_CAP) -> Coverage:
+def coverage(conn: Connection, fresh: sa.ColumnElement[bool], cap: int = COVERAGE_CAP) -> Coverage:
     """The pending jobs that no live worker claims: no worker that serves their queue
     registers their task (a worker of an older deploy, a module the worker does not
-    import, a queue no worker is started for). Live: not stopped, and heartbeating
-    since ``alive_since``.
+    import, a queue no worker is started for). Live: not stopped, and ``fresh``
+    (:meth:`Store.heartbeat_fresh`).
 
     Bounded however many jobs wait: a task that a live worker of every queue runs is
     not read at all; any other has at most ``cap`` pending jobs read, from the
@@ -128,9 +128,7 @@ def coverage(conn: Connection, alive_since: datetime, cap: int = COVERAGE_CAP) -
     """
     served = []
     for row in conn.execute(
-        sa.select(workers.c.queues, workers.c.tasks).where(
-            workers.c.stopped_at.is_(None), workers.c.last_heartbeat_at >= alive_since
-        )
+        sa.select(workers.c.queues, workers.c.tasks).where(workers.c.stopped_at.is_(None), fresh)
     ):
         queues = frozenset(row.queues.split(",")) if row.queues else None
         served.append((queues, _task_names(row.tasks)))
@@ -208,9 +206,10 @@ def job_effects(conn: Connection, job_id: int) -> list[tuple[str, datetime]]:
     ]
 
 
-def live_workers(conn: Connection) -> list[Any]:
-    """Workers that have not stopped (a silent one is listed until it is declared lost)."""
-    query = sa.select(workers).where(workers.c.stopped_at.is_(None))
+def live_workers(conn: Connection, fresh: sa.ColumnElement[bool]) -> list[Any]:
+    """Workers that have not stopped (a silent one is listed until it is declared lost),
+    each with ``fresh``: whether it heartbeated lately (:meth:`Store.heartbeat_fresh`)."""
+    query = sa.select(workers, fresh.label("fresh")).where(workers.c.stopped_at.is_(None))
     return list(conn.execute(query.order_by(workers.c.started_at)).all())
 
 

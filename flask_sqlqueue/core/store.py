@@ -45,6 +45,7 @@ from .lifecycle import Backoff
 from .lifecycle import cut_text
 from .liveness import BootClock
 from .liveness import HeartbeatWatch
+from .liveness import heartbeat_fresh
 from .liveness import steady
 from .models import jobs
 from .models import utcnow
@@ -509,6 +510,16 @@ class Store:
 
         rescued: list[tuple[int, str, str]] = self.run_write(take, within=within)
         return rescued
+
+    def heartbeat_fresh(
+        self, stale_after: float, now: datetime | None = None
+    ) -> sa.ColumnElement[bool]:
+        """The SQL test for worker rows that heartbeated within ``stale_after`` seconds,
+        each judged by the clock it shares with this process (core/liveness.py): what
+        status, doctor and the admin call live."""
+        now = self.now() if now is None else now
+        boot = None if self.boot is None else self.boot.cutoff(stale_after)
+        return heartbeat_fresh(now - timedelta(seconds=stale_after), boot)
 
     def watch_heartbeats(self, watch: HeartbeatWatch) -> None:
         """Let ``watch`` look at the heartbeats it keeps, without rescuing anything."""

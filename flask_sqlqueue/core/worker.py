@@ -388,9 +388,9 @@ class Worker:
         (queue, task) once per worker, checked at start and then every few minutes."""
         self._next_coverage = time.monotonic() + COVERAGE_INTERVAL
         try:
-            alive_since = self.clock() - timedelta(seconds=self.options.stale_after)
+            fresh = self.store.heartbeat_fresh(self.options.stale_after, self.clock())
             with self.store.read() as conn:
-                cover = queries.coverage(conn, alive_since)
+                cover = queries.coverage(conn, fresh)
         except sa.exc.SQLAlchemyError as exc:
             self._log_db_error("the check for unserved jobs", exc)
             return
