@@ -753,6 +753,26 @@ def test_list_pages_read_no_payload_result_or_history(admin: Admin) -> None:
     assert one.get_data(as_text=True).count("x" * 1000) >= 3 * MIB // 1000
 
 
+def test_the_cli_list_reads_no_payload_result_or_history(admin: Admin) -> None:
+    ids = big_jobs(admin, n=2)
+    engine = admin.app.extensions["sqlqueue"].store.engine
+    read: list[str] = []
+
+    def columns(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        read.extend(column[0].lower() for column in cursor.description or ())
+
+    sa.event.listen(engine, "after_cursor_execute", columns)
+    try:
+        result = admin.app.test_cli_runner().invoke(args=["queue", "list", "--status", "dead"])
+    finally:
+        sa.event.remove(engine, "after_cursor_execute", columns)
+    assert result.exit_code == 0, result.output
+    assert not BULKY & set(read), sorted(BULKY & set(read))
+    listed_ids = {int(line.split()[0]) for line in result.output.splitlines()[1:]}
+    assert listed_ids == set(ids)
+    assert "E: xxx" in result.output  # the last error's beginning
+
+
 def test_the_failure_chart_reads_the_end_of_each_history(admin: Admin) -> None:
     now = admin.app.extensions["sqlqueue"].store.now()
     ago = lambda minutes: now - timedelta(minutes=minutes)  # noqa: E731

@@ -6,7 +6,6 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Callable
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +16,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import dialects  # the module: dialects.base imports queues, which imports us
-from .jobs import Job
 from .models import JobStatus
 from .models import effects
 from .models import jobs
@@ -173,15 +171,15 @@ def _task_names(text: str | None) -> frozenset[str] | None:
 def list_jobs(
     conn: Connection,
     *,
-    loader: Callable[[int], Job | None] | None = None,
     status: str | None = None,
     queue: str | None = None,
     task: str | None = None,
     before_id: int | None = None,
     limit: int = 50,
-) -> list[Job]:
-    """Jobs newest first; pass the last id seen as ``before_id`` for the next page."""
-    query = sa.select(jobs)
+) -> list[JobSummary]:
+    """Jobs newest first, as a list shows them (:class:`JobSummary`: no payload, result
+    or history is read); pass the last id seen as ``before_id`` for the next page."""
+    query = sa.select(*_SUMMARY_COLUMNS)
     if status is not None:
         query = query.where(jobs.c.status == status)
     if queue is not None:
@@ -191,7 +189,7 @@ def list_jobs(
     if before_id is not None:
         query = query.where(jobs.c.id < before_id)
     rows = conn.execute(query.order_by(jobs.c.id.desc()).limit(limit)).all()
-    return [Job.from_row(row, loader) for row in rows]
+    return [JobSummary(**row._mapping) for row in rows]
 
 
 def job_effects(conn: Connection, job_id: int) -> list[tuple[str, datetime]]:
