@@ -30,6 +30,7 @@ from sqlalchemy.pool import NullPool
 
 from flask_sqlqueue import schema
 from tests import sample_app
+from tests.waiting import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_URL_VARS = {"postgresql": "SQLQUEUE_TEST_POSTGRES_URL", "mysql": "SQLQUEUE_TEST_MYSQL_URL"}
@@ -332,7 +333,7 @@ def leak_detector() -> Iterator[None]:
         from flask.globals import _cv_app
 
         _cv_app.get().pop()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + scaled(15)
     alive: list[str] = []
     while time.monotonic() < deadline:
         alive = [

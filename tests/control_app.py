@@ -26,8 +26,8 @@ from flask_sqlqueue import current_job
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.store import Store
 from tests.conftest import install_schema
+from tests.waiting import WAIT
 
-WAIT = 10.0  # upper bound, in seconds, of every wait
 queue = SQLQueue()
 app_log = logging.getLogger("tests.control_app.tasks")
 
@@ -160,14 +160,6 @@ def csrf_token(page: str) -> str:
     found = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page)
     assert found, "no CSRF token on the page"
     return found.group(1)
-
-
-def wait_for(predicate: Any, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {predicate}")
-        time.sleep(0.02)
 
 
 @contextmanager

@@ -4,7 +4,6 @@ SQLite writers of one process queueing in-process instead of in SQLite's busy ha
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,12 @@ from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.store import Store
 from tests import sample_app
-
-WAIT = 10.0
+from tests.waiting import WAIT
+from tests.waiting import wait_for
 
 
 def store_of(app: Flask) -> Store:
     return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
-def wait_for(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 # -- successes ride on the next claim's transaction ----------------------------------------------

@@ -17,6 +17,7 @@ from flask_sqlqueue.core.lifecycle import InvalidTransition
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import control_app as c
 from tests.control_app import control_app  # noqa: F401  (fixture)
+from tests.waiting import wait_for
 
 
 def cancel_cli(app: Flask, *ids: int) -> str:
@@ -34,7 +35,7 @@ def test_a_running_job_stops_when_its_task_checks(control_app: Flask) -> None:  
         output = cancel_cli(app, job.id)
         assert output.startswith("Asked 1 running job(s) to stop")
         assert c.row(app, job.id).cancel_requested_at is not None
-        c.wait_for(lambda: c.row(app, job.id).status != "running")
+        wait_for(lambda: c.row(app, job.id).status != "running")
     row = c.row(app, job.id)
     assert row.status == JobStatus.CANCELLED
     # Not a failed attempt: no error recorded, nothing retried.
@@ -50,7 +51,7 @@ def test_a_task_may_return_when_asked_to_stop(control_app: Flask) -> None:  # no
     with c.running_worker(app):
         assert c.started.wait(c.WAIT)
         cancel_cli(app, job.id)
-        c.wait_for(lambda: c.row(app, job.id).status != "running")
+        wait_for(lambda: c.row(app, job.id).status != "running")
     assert job.refresh().status is JobStatus.COMPLETED
     assert job.result == "stopped early"
     assert job.cancel_requested_at is not None
@@ -66,7 +67,7 @@ def test_a_task_that_ignores_the_request_finishes_normally(control_app: Flask) -
         cancel_cli(app, job.id)
         status = app.test_cli_runner().invoke(args=["queue", "status"]).output
         c.go.set()
-        c.wait_for(lambda: c.row(app, job.id).status != "running")
+        wait_for(lambda: c.row(app, job.id).status != "running")
     assert job.refresh().status is JobStatus.COMPLETED
     assert job.result == "all of it"
     # flask queue status lists running jobs asked to stop, while they run.
@@ -84,7 +85,7 @@ def test_a_failed_attempt_after_a_request_is_not_retried(control_app: Flask) -> 
         assert c.started.wait(c.WAIT)
         cancel_cli(app, job.id)
         c.go.set()
-        c.wait_for(lambda: c.row(app, job.id).status != "running")
+        wait_for(lambda: c.row(app, job.id).status != "running")
     job.refresh()
     assert job.status is JobStatus.CANCELLED
     assert job.attempts == 1 < job.max_attempts
@@ -105,7 +106,7 @@ def test_pending_and_running_in_one_batch(control_app: Flask) -> None:  # noqa: 
             "each stops when its task checks current_job.cancel_requested."
         )
         assert c.row(app, pending.id).status == "cancelled"
-        c.wait_for(lambda: c.row(app, running.id).status == "cancelled")
+        wait_for(lambda: c.row(app, running.id).status == "cancelled")
 
 
 def test_a_finished_job_in_the_batch_refuses_all(control_app: Flask) -> None:  # noqa: F811
@@ -166,7 +167,7 @@ def test_replay_clears_the_request_and_progress(control_app: Flask) -> None:  # 
     with c.running_worker(app):
         assert c.started.wait(c.WAIT)
         cancel_cli(app, job.id)
-        c.wait_for(lambda: c.row(app, job.id).status == "cancelled")
+        wait_for(lambda: c.row(app, job.id).status == "cancelled")
     c.update(app, job.id, progress=0.5, progress_message="half")
     result = app.test_cli_runner().invoke(args=["queue", "retry", str(job.id)])
     assert result.exit_code == 0, result.output
@@ -231,7 +232,7 @@ def test_admin_asks_a_running_job_to_stop(control_app: Flask) -> None:  # noqa: 
         token = c.csrf_token(page)
         response = client.post(f"/q/jobs/{job.id}/cancel", data={"csrf_token": token})
         assert response.status_code == 303
-        c.wait_for(lambda: c.row(app, job.id).status == "cancelled")
+        wait_for(lambda: c.row(app, job.id).status == "cancelled")
     page = client.get(f"/q/jobs/{job.id}").get_data(as_text=True)
     assert "Cancel requested" in page
     assert "Ask to stop" not in page

@@ -22,6 +22,8 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.enqueue import Call
 from tests import sample_app
 from tests.conftest import query_dicts
+from tests.waiting import WAIT
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -192,9 +194,9 @@ def test_session_writes_every_job_in_the_callers_transaction(
 
 
 def test_one_batch_wakes_an_idle_worker(ctx: Flask) -> None:
-    # A worker polling every 30 s runs the whole batch well before its next poll: the
-    # enqueue woke it.
-    worker = sample_app.queue.worker(WorkerOptions(poll_interval=30, concurrency=4), ctx)
+    # A worker polling far less often than any wait here runs the whole batch well
+    # before its next poll: the enqueue woke it.
+    worker = sample_app.queue.worker(WorkerOptions(poll_interval=10 * WAIT, concurrency=4), ctx)
     runner = threading.Thread(target=worker.run, name="sqlqueue-test-runner", daemon=True)
     runner.start()
     try:
@@ -202,13 +204,13 @@ def test_one_batch_wakes_an_idle_worker(ctx: Flask) -> None:
             time.sleep(0.02)
         time.sleep(0.3)  # let its first (empty) claim pass: it waits for a wake-up now
         made = sample_app.add.enqueue_many([([i, i], {}) for i in range(20)])
-        deadline = time.monotonic() + 10
-        while any(job.refresh().status is not JobStatus.COMPLETED for job in made):
-            assert time.monotonic() < deadline, "the batch did not wake the worker"
-            time.sleep(0.02)
+        wait_for(
+            lambda: all(job.refresh().status is JobStatus.COMPLETED for job in made),
+            "the batch to wake the worker",
+        )
     finally:
         worker.stop()
-        runner.join(10)
+        runner.join(WAIT)
     assert not runner.is_alive()
     assert [job.result for job in made] == [2 * i for i in range(20)]
 

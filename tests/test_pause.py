@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,8 @@ from flask_sqlqueue.core.worker import Worker
 from tests import limits_app
 from tests.conftest import install_schema
 from tests.conftest import query
+from tests.waiting import wait_for
 
-WAIT = 30.0
 TOKEN = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
 
 
@@ -48,14 +47,6 @@ def make_lapp(database_uri: str) -> Iterator[Callable[..., Flask]]:
 @pytest.fixture
 def lapp(make_lapp: Callable[..., Flask]) -> Flask:
     return make_lapp()
-
-
-def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def statuses(database_uri: str) -> dict[int, str]:

@@ -12,6 +12,7 @@ from flask_sqlqueue import current_job
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import control_app as c
 from tests.control_app import control_app  # noqa: F401  (fixture)
+from tests.waiting import wait_for
 
 
 def test_the_last_value_lands_despite_the_throttle(control_app: Flask) -> None:  # noqa: F811
@@ -38,13 +39,13 @@ def test_a_waiting_task_shows_its_latest_value(control_app: Flask) -> None:  # n
         assert c.started.wait(c.WAIT)
         # The second value came within the throttle; it is written when the second ends,
         # while the task is still running.
-        c.wait_for(lambda: c.row(app, job.id).progress == 0.3)
+        wait_for(lambda: c.row(app, job.id).progress == 0.3)
         assert c.row(app, job.id).status == "running"
         assert c.row(app, job.id).progress_message == "second"
         shown = app.test_cli_runner().invoke(args=["queue", "show", str(job.id)]).output
         assert "progress         [######--------------]  30%  second\n" in shown
         c.go.set()
-        c.wait_for(lambda: c.row(app, job.id).status == "completed")
+        wait_for(lambda: c.row(app, job.id).status == "completed")
 
 
 @pytest.mark.parametrize(
@@ -117,7 +118,7 @@ def test_admin_shows_a_progress_bar(control_app: Flask) -> None:  # noqa: F811
         job = c.progress.enqueue([[0.42, "<b>page 42</b>"]], wait=True)
     with c.running_worker(app):
         assert c.started.wait(c.WAIT)
-        c.wait_for(lambda: c.row(app, job.id).progress == 0.42)
+        wait_for(lambda: c.row(app, job.id).progress == 0.42)
         page = client.get(f"/q/jobs/{job.id}").get_data(as_text=True)
         listing = client.get("/q/jobs").get_data(as_text=True)
         for body in (page, listing):

@@ -31,8 +31,8 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
 from tests import sample_app
-
-WAIT = 15.0
+from tests.waiting import WAIT
+from tests.waiting import wait_for
 
 
 def _store(app: Flask) -> Any:
@@ -54,15 +54,6 @@ def exclusive_lock(app: Flask) -> Iterator[None]:
 def _count(app: Flask) -> int:
     with _store(app).read() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one())
-
-
-def _wait_for(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @contextmanager
@@ -108,11 +99,11 @@ def test_worker_survives_a_locked_database_without_burning_attempts(
     caplog.set_level(logging.ERROR, logger="flask_sqlqueue")
     with app.app_context():
         with running_worker(app, poll_interval=0.05, stale_after=30) as worker:
-            _wait_for(lambda: _worker_ids(app) == [worker.id], "the worker to start")
+            wait_for(lambda: _worker_ids(app) == [worker.id], "the worker to start")
             with exclusive_lock(app):
                 time.sleep(1.0)  # the worker polls into the lock many times meanwhile
             job = sample_app.add.enqueue(2, 3)
-            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job")
+            wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job")
             assert not worker.stopping
         assert job.attempts == 1 and job.result == 5
     assert any("database error during" in r.getMessage() for r in caplog.records)
@@ -127,13 +118,13 @@ def test_a_finished_attempt_is_recorded_after_the_lock_is_released(
     with app.app_context():
         job = sample_app.record.enqueue(str(side), "slow", 0.5)
         with running_worker(app, poll_interval=0.05, stale_after=30):
-            _wait_for(lambda: side.exists(), "the job to start")
+            wait_for(lambda: side.exists(), "the job to start")
             with exclusive_lock(app):
                 # The task finishes while the database is locked; its outcome must wait.
-                _wait_for(lambda: "done" in side.read_text(), "the task to finish")
+                wait_for(lambda: "done" in side.read_text(), "the task to finish")
                 time.sleep(0.5)
                 assert job.refresh().status is JobStatus.RUNNING
-            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the outcome")
+            wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the outcome")
         assert job.attempts == 1 and job.result == "slow"
 
 
@@ -142,15 +133,15 @@ def test_worker_declared_dead_carries_on_under_a_new_id(make_app: Any) -> None:
     with app.app_context():
         with running_worker(app, poll_interval=0.05, stale_after=0.4) as worker:
             first = worker.id
-            _wait_for(lambda: _worker_ids(app) == [first], "the worker's row")
+            wait_for(lambda: _worker_ids(app) == [first], "the worker's row")
             with _store(app).write() as conn:  # what a rescuer does to a stale worker
                 conn.execute(
                     sa.update(workers).values(stopped_at=sa.func.now(), stop_reason="lost")
                 )
-            _wait_for(lambda: worker.id != first, "a new worker id")
-            _wait_for(lambda: _worker_ids(app) == [worker.id], "the new row")
+            wait_for(lambda: worker.id != first, "a new worker id")
+            wait_for(lambda: _worker_ids(app) == [worker.id], "the new row")
             job = sample_app.add.enqueue(4, 5)
-            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job")
+            wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job")
             assert job.worker_id == worker.id
             second = worker.id
         assert _worker_ids(app) == []
@@ -199,7 +190,7 @@ def test_hand_edited_timestamps_do_not_break_claims(make_app: Any) -> None:
                 f"WHERE id = {odd.id}"
             )
         with running_worker(app, poll_interval=0.05, concurrency=2):
-            _wait_for(
+            wait_for(
                 lambda: _statuses(app) == {odd.id: "completed", fine.id: "completed"}, "both jobs"
             )
 
@@ -265,7 +256,7 @@ def test_an_unexpected_error_while_recording_hands_the_job_back(
     with app.app_context(), caplog.at_level(logging.WARNING, logger="flask_sqlqueue"):
         job = sample_app.add.enqueue(2, 3)
         with running_worker(app, poll_interval=0.05):
-            _wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job to finish")
+            wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the job to finish")
     assert job.attempts == 2 and job.result == 5
     (record,) = job.errors
     assert record["type"] == "OutcomeNotRecorded"

@@ -17,6 +17,7 @@ from flask_sqlqueue.core import retention
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import jobs
 from tests import control_app as c
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -127,7 +128,7 @@ def test_workers_prune_on_their_own(make: Any) -> None:
     old = finished(app, "completed", 2 * MIN)
     kept = finished(app, "completed", 0.5 * MIN)
     with c.running_worker(app, stale_after=1):
-        c.wait_for(lambda: old not in ids(app))
+        wait_for(lambda: old not in ids(app))
     assert kept in ids(app)
 
 

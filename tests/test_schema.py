@@ -39,6 +39,7 @@ from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.conftest import query
 from tests.conftest import table_names
+from tests.waiting import WAIT
 
 QUEUE_TABLES = {
     "sqlqueue_jobs",
@@ -524,11 +525,11 @@ def test_second_writer_waits_at_begin_until_the_first_commits(
     thread = threading.Thread(target=hold, name="test-lock-holder")
     thread.start()
     try:
-        assert holding.wait(5)
+        assert holding.wait(WAIT)
         with patient.write():
             entered_at.append(time.monotonic())
     finally:
-        thread.join(10)
+        thread.join(WAIT)
     assert committed_at and entered_at
     assert entered_at[0] >= committed_at[0]
 

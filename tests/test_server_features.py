@@ -20,6 +20,7 @@ from tests import sample_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import fresh_database
+from tests.waiting import WAIT
 
 ENQUEUE = (
     "from tests import sample_app\n"
@@ -76,7 +77,7 @@ def test_idle_worker_wakes_for_another_process_long_before_its_poll(wake_uri: st
         assert job.result == 42
     finally:
         worker.stop()
-        thread.join(15)
+        thread.join(WAIT)
         app.extensions["sqlqueue"].store.engine.dispose()
     assert not thread.is_alive()
 

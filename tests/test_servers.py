@@ -24,8 +24,8 @@ from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
 from tests.conftest import SERVER_URL_VARS
 from tests.conftest import fresh_database
-
-WAIT = 15.0
+from tests.waiting import WAIT
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -34,14 +34,6 @@ def server_app(server_uri: str) -> Iterator[Any]:
     sample_app.queue.upgrade_database(app=app)
     yield app
     app.extensions["sqlqueue"].store.engine.dispose()
-
-
-def _wait_for(predicate: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("kind", sorted(SERVER_URL_VARS))
@@ -144,10 +136,10 @@ def test_worker_and_producer_survive_the_server_dropping_their_connections(
         before = sample_app.add.enqueue(1, 2)
         thread.start()
         try:
-            _wait_for(lambda: before.refresh().status is JobStatus.COMPLETED, "the first job")
+            wait_for(lambda: before.refresh().status is JobStatus.COMPLETED, "the first job")
             assert _drop_connections(server_uri) >= 2  # the worker's, the producer's...
             after = sample_app.add.enqueue(3, 4)  # a dropped pooled connection is replaced
-            _wait_for(lambda: after.refresh().status is JobStatus.COMPLETED, "the second job")
+            wait_for(lambda: after.refresh().status is JobStatus.COMPLETED, "the second job")
             assert not worker.stopping
         finally:
             worker.stop()

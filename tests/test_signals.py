@@ -22,6 +22,7 @@ from flask_sqlqueue.metrics import QueueMetrics
 from tests import control_app as c
 from tests.conftest import ROOT
 from tests.control_app import control_app  # noqa: F401  (fixture)
+from tests.waiting import wait_for
 
 
 class Recorder:
@@ -104,7 +105,7 @@ def test_a_failure_after_a_cancel_request_is_cancelled_not_retried(
         store = c.store_of(app)
         store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [job.id], store.now()))
         c.go.set()
-        c.wait_for(lambda: "cancelled" in recorder.names())
+        wait_for(lambda: "cancelled" in recorder.names())
     assert job.refresh().status is JobStatus.CANCELLED
     assert recorder.names() == ["enqueued", "started", "failed", "cancelled"]
     logged = [r.getMessage() for r in caplog.records if f"job={job.id}" in r.getMessage()]
@@ -120,7 +121,7 @@ def test_cancelled_and_rescued(control_app: Flask, recorder: Recorder) -> None: 
         assert c.started.wait(c.WAIT)
         store = c.store_of(app)
         store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [cancelled.id], store.now()))
-        c.wait_for(lambda: "cancelled" in recorder.names())
+        wait_for(lambda: "cancelled" in recorder.names())
     assert recorder.names()[-1] == "cancelled"
 
     with app.app_context():

@@ -37,6 +37,7 @@ from tests.test_processes import side_lines
 from tests.test_processes import spawn
 from tests.test_processes import wait_exit
 from tests.test_processes import wait_for_line
+from tests.waiting import WAIT
 
 APP = "tests.timeouts_app:create_app"
 
@@ -358,7 +359,7 @@ def test_a_child_ends_when_its_worker_is_killed(
         child = int(wait_for_line(side, "start", "long", 60, proc)[4])
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-    wait_until(lambda: not alive(child), 10, "the orphaned child's exit")
+    wait_until(lambda: not alive(child), WAIT, "the orphaned child's exit")
 
 
 @pytest.mark.slow

@@ -20,9 +20,9 @@ from flask_sqlqueue.core import queries
 from flask_sqlqueue.core.worker import WorkerOptions
 from tests import sample_app
 from tests.conftest import query
-from tests.test_worker import WAIT
 from tests.test_worker import WorkerThread
-from tests.test_worker import wait_for
+from tests.waiting import WAIT
+from tests.waiting import wait_for
 
 # A second app on the same database, registering a task the sample app's workers lack:
 # what a deploy that added a task looks like while the old workers still run.
