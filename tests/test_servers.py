@@ -9,7 +9,6 @@ is set but cannot be reached fails them; only an unset URL skips.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -78,12 +77,10 @@ def test_a_claim_skips_jobs_another_claim_holds_instead_of_waiting(server_app: F
         assert claim(holder, "holder", 1) == [first.id]
         # The holder's transaction is still open: its row lock is held.
         with store.write() as other:
+            # Waiting for the held row would end in a lock timeout error, not a claim.
             other.exec_driver_sql(IMPATIENT[store.engine.dialect.name])
-            started = time.monotonic()
             taken = claim(other, "other", 2)
-            waited = time.monotonic() - started
     assert taken == [second.id]
-    assert waited < 0.9, f"the second claim waited {waited:.2f}s for the first one's lock"
     with server_app.app_context():
         assert (first.refresh().worker_id, second.refresh().worker_id) == ("holder", "other")
 

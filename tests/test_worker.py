@@ -594,12 +594,14 @@ IMPATIENT_WRITER = {
 def test_no_transaction_is_held_while_a_task_runs(
     ctx: Flask, tmp_path: Path, database_uri: str, backend: str
 ) -> None:
+    # The writers below give up on any lock held longer than half a second (a second on
+    # MariaDB), so they succeed only if the running task holds none; the task outlasts
+    # them by far, even on a loaded machine.
     log = tmp_path / "slow.log"
-    slow = sample_app.record.enqueue(str(log), "slow", 2.0)
+    slow = sample_app.record.enqueue(str(log), "slow", 6.0)
     other_writer = sa.create_engine(database_uri, poolclass=NullPool)
     with WorkerThread(ctx, WorkerOptions(), burst=True):
         wait_for(lambda: any(parts[0] == "start" for parts in lines(log)))
-        started = time.monotonic()
         try:
             with other_writer.connect() as conn:
                 conn.exec_driver_sql(IMPATIENT_WRITER[backend])
@@ -614,10 +616,8 @@ def test_no_transaction_is_held_while_a_task_runs(
         finally:
             other_writer.dispose()
         other = sample_app.add.enqueue(1, 1)
-        elapsed = time.monotonic() - started
         assert row(ctx, slow.id).status == "running"
         assert not any(parts[0] == "done" for parts in lines(log))
-        assert elapsed < 1.0, f"writers waited {elapsed:.2f}s for the running task"
         wait_for(lambda: other.refresh().status is JobStatus.COMPLETED)
     assert slow.refresh().status is JobStatus.COMPLETED
     assert slow.priority == 9
@@ -627,8 +627,9 @@ def test_transactional_enqueue_does_not_wait_for_the_callers_own_lock(
     make_app: Any, database_uri: str
 ) -> None:
     # The first enqueue in a process checks the schema; on SQLite that check must not
-    # queue behind the caller's own transaction, which already holds the write lock.
-    app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 2})
+    # queue behind the caller's own transaction, which already holds the write lock (it
+    # would wait out the busy timeout, then fail).
+    app = make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": WAIT})
     own = sa.create_engine(database_uri)
     try:
         with own.begin() as conn:
@@ -637,7 +638,7 @@ def test_transactional_enqueue_does_not_wait_for_the_callers_own_lock(
             session.execute(sa.text("INSERT INTO orders (id) VALUES (1)"))
             started = time.monotonic()
             job = sample_app.add.using(session=session).enqueue(1, 2)
-            assert time.monotonic() - started < 1.0
+            assert time.monotonic() - started < WAIT / 2
             session.commit()
             assert sample_app.queue.get_job(job.id) is not None
     finally:
