@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
 from typing import Any
+from typing import Protocol
 
 from .models import JobStatus
 from .payload import decode_payload
@@ -112,3 +113,29 @@ def _decode_or_text(text: str | None) -> Any:
         return decode_value(text)
     except ValueError:
         return text
+
+
+class ClaimedJob(Protocol):
+    """A job as a claim returns it (the claim's own row, read by attribute; never
+    copied): what a worker needs to run one attempt of it."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def queue(self) -> str: ...
+    @property
+    def task(self) -> str: ...
+    @property
+    def payload(self) -> str: ...
+    #: The attempt this claim started (counted at the claim).
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def max_attempts(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def idempotency_key(self) -> str | None: ...
+    #: Fences every write that finishes this attempt.
+    @property
+    def claim_token(self) -> str: ...
