@@ -1,3 +1,3 @@
-"""Benchmarks and the chaos suite (``python benchmarks/chaos.py --help``)."""
+"""Benchmarks and the chaos suite (``python -m benchmarks.chaos --help``)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The chaos suite, fast: real ``flask queue work`` processes, real signals, SQLite.
 
-Every scenario is the one ``python benchmarks/chaos.py`` runs (imported from
-``benchmarks/chaos.py``), at a size that fits the test budget. A scenario returns the
+Every scenario is the one ``python -m benchmarks.chaos`` runs (imported from its module
+in ``benchmarks/chaos/``), at a size that fits the test budget. A scenario returns the
 figures it measured and the violations it found; a test passes when there are none.
 
 The checks are shown to be able to fail: ``test_unfenced_completion_is_caught`` runs the
@@ -24,11 +24,20 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from benchmarks.busy_storm import busy_storm
+from benchmarks.kill_storm import kill_storm
+from benchmarks.outage import outage
+from benchmarks.paused_worker import paused_worker
+from benchmarks.poison_pills import poison_pills
+from benchmarks.sigterm import sigterm
 
-from benchmarks import chaos
-from benchmarks.chaos import Mark
-from benchmarks.chaos import Proc
-from benchmarks.chaos import ScenarioResult
+from benchmarks.chaos.analysis import analyze_runs
+from benchmarks.chaos.analysis import check_completed
+from benchmarks.chaos.analysis import check_logs
+from benchmarks.chaos.analysis import explain_figures
+from benchmarks.chaos.harness import Mark
+from benchmarks.chaos.harness import Proc
+from benchmarks.chaos.harness import ScenarioResult
 
 SQLITE = "sqlite:///"  # each scenario makes a fresh file in its work directory
 
@@ -48,7 +57,7 @@ def figure(result: ScenarioResult, name: str) -> str:
 @pytest.mark.slow
 def test_kill_storm_loses_nothing_and_explains_every_duplicate(tmp_path: Path) -> None:
     # Kills land only on workers that have started, so they interrupt running jobs.
-    result = chaos.kill_storm(
+    result = kill_storm(
         SQLITE, tmp_path, jobs=300, job_ms=(10, 50), duration=5, kill_every=0.5, target="ready"
     )
     assert passed(result), result.violations
@@ -58,14 +67,14 @@ def test_kill_storm_loses_nothing_and_explains_every_duplicate(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_paused_worker_late_completion_is_fenced(tmp_path: Path) -> None:
-    result = chaos.paused_worker(SQLITE, tmp_path, job_seconds=1.5)
+    result = paused_worker(SQLITE, tmp_path, job_seconds=1.5)
     assert passed(result), result.violations
     assert figure(result, "paused worker logged 'lost its claim'") == "yes"
 
 
 @pytest.mark.slow
 def test_unfenced_completion_is_caught(tmp_path: Path) -> None:
-    result = chaos.paused_worker(SQLITE, tmp_path, job_seconds=1.5, broken="unfenced")
+    result = paused_worker(SQLITE, tmp_path, job_seconds=1.5, broken="unfenced")
     assert not passed(result)
     assert any("late completion changed the job" in v for v in result.violations)
     assert any("did not log that it lost its claim" in v for v in result.violations)
@@ -73,19 +82,19 @@ def test_unfenced_completion_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigterm_finishes_short_releases_long_and_idle_exits(tmp_path: Path) -> None:
-    result = chaos.sigterm(SQLITE, tmp_path, short_s=0.3, long_s=2.5, grace=1.5, poll=2.0)
+    result = sigterm(SQLITE, tmp_path, short_s=0.3, long_s=2.5, grace=1.5, poll=2.0)
     assert passed(result), result.violations
 
 
 @pytest.mark.slow
 def test_poison_pills_end_dead_while_healthy_jobs_complete(tmp_path: Path) -> None:
-    result = chaos.poison_pills(SQLITE, tmp_path, healthy=40, healthy_ms=(20.0, 100.0))
+    result = poison_pills(SQLITE, tmp_path, healthy=40, healthy_ms=(20.0, 100.0))
     assert passed(result), result.violations
 
 
 @pytest.mark.slow
 def test_busy_storm_never_reports_a_locked_database(tmp_path: Path) -> None:
-    result = chaos.busy_storm(SQLITE, tmp_path, producers=4, per_producer=250)
+    result = busy_storm(SQLITE, tmp_path, producers=4, per_producer=250)
     assert passed(result), result.violations
     assert figure(result, "PRAGMA integrity_check") == "ok"
 
@@ -93,9 +102,7 @@ def test_busy_storm_never_reports_a_locked_database(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_outage_longer_than_stale_after_burns_no_attempt(tmp_path: Path) -> None:
     # 4 s without the write lock, twice STALE_AFTER: every heartbeat looks stale after it.
-    result = chaos.outage(
-        SQLITE, tmp_path, jobs=200, job_ms=100, seconds=4, lead=1.0, stale_after=2.0
-    )
+    result = outage(SQLITE, tmp_path, jobs=200, job_ms=100, seconds=4, lead=1.0, stale_after=2.0)
     assert passed(result), result.violations
     assert figure(result, "jobs rescued (attempt consumed by the outage)") == "0"
 
@@ -126,7 +133,7 @@ def test_a_duplicate_is_explained_by_a_kill(procs: list[Proc]) -> None:
     killed.killed_at = t + 1
     marks = [_run("start", 1, 1, killed, t), _run("start", 1, 2, other, t + 4)]
     marks.append(_run("done", 1, 2, other, t + 5))
-    runs = chaos.analyze_runs(marks, procs, [1])
+    runs = analyze_runs(marks, procs, [1])
     assert runs.duplicates == 1
     assert runs.causes == {"kill": 1}
     assert runs.unexplained == []
@@ -142,12 +149,12 @@ def test_an_unexplained_duplicate_and_a_double_claim_are_reported(procs: list[Pr
         _run("start", 1, 1, b, t + 0.5),  # the same attempt claimed twice
         _run("done", 1, 1, b, t + 1.5),
     ]
-    runs = chaos.analyze_runs(marks, procs, [1])
+    runs = analyze_runs(marks, procs, [1])
     assert runs.causes == {"unexplained": 1}
     assert len(runs.unexplained) == 1
     assert len(runs.attempt_twice) == 1
     result = ScenarioResult("synthetic", "sqlite")
-    chaos._explain_figures(result, runs)
+    explain_figures(result, runs)
     assert len(result.violations) == 2
 
 
@@ -178,7 +185,7 @@ def test_a_lost_job_and_a_stale_completion_are_reported(procs: list[Proc]) -> No
         _row(2, "running", 1, None),  # never finished
     ]
     result = ScenarioResult("synthetic", "sqlite")
-    chaos.check_completed(result, rows, marks, [1, 2])
+    check_completed(result, rows, marks, [1, 2])
     assert figure(result, "jobs lost (not completed)") == "1"
     text = " ".join(result.violations)
     assert "not completed" in text
@@ -188,6 +195,6 @@ def test_a_lost_job_and_a_stale_completion_are_reported(procs: list[Proc]) -> No
 def test_a_locked_database_in_any_output_is_reported(procs: list[Proc]) -> None:
     procs[1].log.write_text("sqlite3.OperationalError: database is locked\n")
     result = ScenarioResult("synthetic", "sqlite")
-    chaos.check_logs(result, procs)
+    check_logs(result, procs)
     assert figure(result, "processes that saw 'database is locked'") == "1 of 2"
     assert len(result.violations) == 1
