@@ -35,9 +35,18 @@ def serial(seconds: float) -> dict[str, Any]:
     return _ran(started)
 
 
-@queue.task(concurrency=1, concurrency_key=lambda account, seconds=0.0: account)
-def per_account(account: str, seconds: float = 0.0) -> dict[str, Any]:
+@queue.task(concurrency=1, concurrency_key=lambda account, *_, **__: account)
+def per_account(account: str, seconds: float = 0.0, meet: str = "") -> dict[str, Any]:
+    """With ``meet`` (a path prefix), first waits, up to a minute, for a job of the other
+    account ("a" or "b") to have started: their runs then overlap wherever the limits let
+    them, however slowly a loaded machine dispatches the second one."""
     started = time.time()
+    if meet:
+        Path(f"{meet}-{account}").touch()
+        other = Path(f"{meet}-{'b' if account == 'a' else 'a'}")
+        deadline = time.monotonic() + 60
+        while not other.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
     time.sleep(seconds)
     return _ran(started, account=account)
 

@@ -24,20 +24,21 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from benchmarks.busy_storm import busy_storm
-from benchmarks.kill_storm import kill_storm
-from benchmarks.outage import outage
-from benchmarks.paused_worker import paused_worker
-from benchmarks.poison_pills import poison_pills
-from benchmarks.sigterm import sigterm
 
 from benchmarks.chaos.analysis import analyze_runs
 from benchmarks.chaos.analysis import check_completed
 from benchmarks.chaos.analysis import check_logs
 from benchmarks.chaos.analysis import explain_figures
+from benchmarks.chaos.busy_storm import busy_storm
 from benchmarks.chaos.harness import Mark
 from benchmarks.chaos.harness import Proc
 from benchmarks.chaos.harness import ScenarioResult
+from benchmarks.chaos.kill_storm import kill_storm
+from benchmarks.chaos.outage import outage
+from benchmarks.chaos.paused_worker import paused_worker
+from benchmarks.chaos.poison_pills import poison_pills
+from benchmarks.chaos.sigterm import sigterm
+from tests.waiting import scaled
 
 SQLITE = "sqlite:///"  # each scenario makes a fresh file in its work directory
 
@@ -82,7 +83,9 @@ def test_unfenced_completion_is_caught(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sigterm_finishes_short_releases_long_and_idle_exits(tmp_path: Path) -> None:
-    result = sigterm(SQLITE, tmp_path, short_s=0.3, long_s=2.5, grace=1.5, poll=2.0)
+    result = sigterm(
+        SQLITE, tmp_path, short_s=0.3, long_s=2.5, grace=1.5, poll=2.0, slack=scaled(3.0) - 2.0
+    )
     assert passed(result), result.violations
 
 
@@ -102,7 +105,12 @@ def test_busy_storm_never_reports_a_locked_database(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_outage_longer_than_stale_after_burns_no_attempt(tmp_path: Path) -> None:
     # 4 s without the write lock, twice STALE_AFTER: every heartbeat looks stale after it.
-    result = outage(SQLITE, tmp_path, jobs=200, job_ms=100, seconds=4, lead=1.0, stale_after=2.0)
+    # A heartbeat starved for STALE_AFTER by a busy machine is a lost worker: both scale.
+    stale_after = scaled(2.0)
+    result = outage(
+        SQLITE, tmp_path, jobs=200, job_ms=100, seconds=2 * stale_after, lead=1.0,
+        stale_after=stale_after,
+    )  # fmt: skip
     assert passed(result), result.violations
     assert figure(result, "jobs rescued (attempt consumed by the outage)") == "0"
 

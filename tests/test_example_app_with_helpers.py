@@ -122,8 +122,11 @@ def test_a_retry_runs_once_the_clock_passes_its_backoff(
     client.post("/orders/7/shipping-quote")
     [first] = sqlqueue.drain()
     shop.config["EXAMPLE_FLAKY_FAILURE_RATE"] = 0.0  # the partner is back
-    assert sqlqueue.drain() == []  # the retry is not due yet
-    sqlqueue.clock.advance(timedelta(minutes=1))  # past the example's 10 s backoff cap
+    # Before the retry's time, however long the first attempt took, it is not due.
+    retry_at = first.refresh().run_at
+    sqlqueue.clock.set(retry_at - timedelta(seconds=30))
+    assert sqlqueue.drain() == []
+    sqlqueue.clock.advance(timedelta(minutes=1))  # past it
     [ran] = sqlqueue.drain()
     assert (ran.id, ran.status, ran.attempts) == (first.id, JobStatus.COMPLETED, 2)
     sqlqueue.assert_not_enqueued(call_flaky_api)

@@ -291,11 +291,12 @@ def test_four_worker_processes_never_exceed_the_limits(
         with lapp.app_context(), store.write() as conn:  # everything at once
             for _ in range(6):
                 limits_app.serial.using(session=conn).enqueue(0.1)
-            # Long enough that two keys' jobs overlap even when dispatching a claimed job
-            # takes a while on a loaded machine.
+            # Each key's jobs wait for the other key's to start (``meet``): they overlap
+            # unless a limit keeps one key's job from running while the other's does.
+            meet = str(tmp_path / "meet")
             for _ in range(3):
                 for account in ("a", "b"):
-                    limits_app.per_account.using(session=conn).enqueue(account, 0.4)
+                    limits_app.per_account.using(session=conn).enqueue(account, 0.1, meet)
             for _ in range(3 * limits_app.RATE):
                 limits_app.rated.using(session=conn).enqueue()
             for _ in range(8):

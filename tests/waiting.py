@@ -4,7 +4,7 @@ A wait returns as soon as its condition holds, so its deadline costs a passing t
 nothing; it only says how long a failing one takes to say so. The deadlines are sized
 for a busy two-core machine (the suite beside a CPU hog), and stretch further where the
 machine is busier than that: ``SQLQUEUE_TEST_SLOWDOWN`` sets the factor, else it is the
-load average per core when the session started (at least 1).
+load average per core (at least 1).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _slowdown() -> float:
+def slowdown() -> float:
+    """How much longer than on a quiet machine anything may take now."""
     given = os.environ.get("SQLQUEUE_TEST_SLOWDOWN")
     if given:
         return max(1.0, float(given))
@@ -26,16 +27,14 @@ def _slowdown() -> float:
     return max(1.0, load)
 
 
-#: How much longer than on a quiet machine anything may take in this session.
-SLOWDOWN = _slowdown()
-
-#: The deadline of a wait for something that takes well under a second when all is well.
-WAIT = 60.0 * SLOWDOWN
+#: The deadline of a wait for something that takes well under a second when all is well,
+#: stretched by the load when the session started.
+WAIT = 60.0 * slowdown()
 
 
 def scaled(seconds: float) -> float:
-    """A deadline of ``seconds`` on a quiet machine, stretched for this one."""
-    return seconds * SLOWDOWN
+    """A bound of ``seconds`` on a quiet machine, stretched by the load right now."""
+    return seconds * slowdown()
 
 
 def wait_for(predicate: Callable[[], Any], what: str = "", timeout: float | None = None) -> None:

@@ -113,6 +113,7 @@ def run(name: str, args: argparse.Namespace, workdir: Path) -> ScenarioResult:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.chaos",
         description="Chaos scenarios against real flask queue workers.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -27,9 +27,14 @@ def sigterm(
     grace: float = 2.0,
     poll: float = 1.0,
     stale_after: float = 2.0,
+    slack: float = 0.0,
 ) -> ScenarioResult:
     """A short job finishes within --grace; a long one is handed back with attempts
-    unchanged and runs exactly once later; an idle worker exits within one poll interval."""
+    unchanged and runs exactly once later; an idle worker exits within one poll interval.
+
+    :param slack: seconds a loaded machine may add to the idle worker's time bounds (the
+        test suite's, beside other work); the benchmark holds them exactly (0).
+    """
     result = ScenarioResult("SIGTERM", backend_of(base_url))
     with Harness("sigterm", base_url, workdir, stale_after=stale_after) as h:
         result.workdir = h.dir
@@ -122,12 +127,12 @@ def sigterm(
         )
         result.check(registered, "the idle worker had no row in sqlqueue_workers")
         result.check(
-            row_gone_s <= poll,
+            row_gone_s <= poll + slack,
             f"the idle worker took {row_gone_s:.2f} s to stop (remove its row); "
-            f"expected within one poll interval ({poll:g} s)",
+            f"expected within one poll interval ({poll:g} s, {slack:g} s of slack)",
         )
         result.check(
-            idle_code == 0 and idle_s <= poll + 5,
+            idle_code == 0 and idle_s <= poll + 5 + slack,
             f"the idle worker exited {idle_code} after {idle_s:.2f} s",
         )
         lg = {r.id: r for r in h.rows()}[long]
