@@ -1,7 +1,7 @@
 """Pausing and resuming queues.
 
 A paused queue has a row in ``sqlqueue_queues`` with ``paused_at`` set. Every claim
-filters paused queues inside its own statement (see ``dialects/base.py``), so a pause
+filters paused queues inside its own statement (see ``claim.py``), so a pause
 holds for every claim that starts after it commits, on every host; jobs already
 running finish as usual. A queue without a row is simply active.
 """
@@ -86,11 +86,6 @@ def paused_queues(conn: Connection) -> dict[str, datetime]:
         .order_by(queues.c.name)
     )
     return {name: paused_at for name, paused_at in rows}
-
-
-def paused_names() -> sa.Select[tuple[str]]:
-    """The claim's filter: names of paused queues, as a subquery."""
-    return sa.select(queues.c.name).where(queues.c.paused_at.is_not(None))
 
 
 def set_paused(

@@ -5,11 +5,12 @@ single write lock up front: two workers can never both read the same pending row
 then both update it, and a writer never fails half-way with SQLITE_BUSY on lock
 upgrade (it waits up to the busy timeout at BEGIN instead). Reads run in plain
 deferred transactions so they never wait for writers (WAL lets them run side by side).
-The claim is the shared single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``.
+The claim is a single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 from datetime import datetime
@@ -24,7 +25,9 @@ from sqlalchemy.engine import Engine
 from ...config import Settings
 from ...exceptions import ConfigurationError
 from .. import wakeup
+from ..models import jobs
 from .base import DialectOps
+from .base import claim_update
 
 _READ = "sqlqueue_read"
 MIN_VERSION = (3, 35)
@@ -77,6 +80,9 @@ class SQLiteOps(DialectOps):
             else:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+    def claim_statement(self, candidates: sa.Select[tuple[int]]) -> sa.Update:
+        return _claim_in(candidates)
+
     def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
         wakeup.listen(wakeup.wake_dir(engine.url.database or ""), wake, stop)
 
@@ -100,3 +106,10 @@ class SQLiteOps(DialectOps):
         # julianday()'s floating point days.
         days = sa.func.julianday(end) - sa.func.julianday(start)
         return sa.type_coerce(sa.func.round(days * 86_400_000.0) / 1000.0, sa.Float)
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_in(candidates: sa.Select[tuple[int]]) -> sa.Update:
+    # One writer and one statement: the subquery's rows are still pending, and an outer
+    # status test would make SQLite scan every pending row.
+    return claim_update(jobs.c.id.in_(candidates.scalar_subquery()))
