@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
-from flask_sqlqueue import schema
-from flask_sqlqueue.config import Settings
 from flask_sqlqueue.core import claim as claim_module
 from flask_sqlqueue.core import queues
 from flask_sqlqueue.core.claim import ClaimRequest
@@ -18,18 +15,6 @@ from flask_sqlqueue.core.enqueue import EnqueueOptions
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.payload import encode_payload
 from flask_sqlqueue.core.store import Store
-from tests.conftest import install_schema
-
-
-@pytest.fixture
-def store(database_uri: str) -> Iterator[Store]:
-    made = Store.from_settings(Settings(database_uri=database_uri))
-    if made.engine.dialect.name == "sqlite":
-        schema.upgrade(made.engine)
-    else:
-        install_schema(database_uri)
-    yield made
-    made.engine.dispose()
 
 
 def _add(store: Store, task: str = "t", **options: object) -> int:
@@ -70,51 +55,57 @@ def test_the_plain_claim_is_built_once_per_queues_and_tasks() -> None:
 # -- what a claim takes ------------------------------------------------------------------------
 
 
-def test_a_claim_takes_by_priority_then_id_up_to_its_limit(store: Store) -> None:
-    low, high, low_too = _add(store), _add(store, priority=5), _add(store)
-    assert _claim(store, 2) == [high, low]
-    assert _claim(store, 5) == [low_too]
-    assert _claim(store, 5) == []
+def test_a_claim_takes_by_priority_then_id_up_to_its_limit(core_store: Store) -> None:
+    low, high, low_too = _add(core_store), _add(core_store, priority=5), _add(core_store)
+    assert _claim(core_store, 2) == [high, low]
+    assert _claim(core_store, 5) == [low_too]
+    assert _claim(core_store, 5) == []
 
 
-def test_a_claim_marks_its_jobs_running_with_its_token(store: Store) -> None:
-    job_id = _add(store)
-    with store.write() as conn:
-        (row,) = claim(conn, store.ops, _request(store, 1))
+def test_a_claim_marks_its_jobs_running_with_its_token(core_store: Store) -> None:
+    job_id = _add(core_store)
+    with core_store.write() as conn:
+        (row,) = claim(conn, core_store.ops, _request(core_store, 1))
     assert (row.id, row.task, row.attempts, row.claim_token) == (job_id, "t", 1, "token")
-    job = store.get_job(job_id)
+    job = core_store.get_job(job_id)
     assert job is not None and (job.status, job.worker_id) == ("running", "w")
 
 
-def test_a_claim_takes_only_its_queues_and_tasks_and_nothing_not_yet_due(store: Store) -> None:
-    mail = _add(store, queue="mail")
-    _add(store, queue="other")
-    _add(store, "unknown.task", queue="mail")
-    _add(store, queue="mail", delay=timedelta(hours=1))
-    assert _claim(store, 5, queues=("mail",)) == [mail]
-    assert _claim(store, 5, queues=("mail",)) == []
+def test_a_claim_takes_only_its_queues_and_tasks_and_nothing_not_yet_due(core_store: Store) -> None:
+    mail = _add(core_store, queue="mail")
+    _add(core_store, queue="other")
+    _add(core_store, "unknown.task", queue="mail")
+    _add(core_store, queue="mail", delay=timedelta(hours=1))
+    assert _claim(core_store, 5, queues=("mail",)) == [mail]
+    assert _claim(core_store, 5, queues=("mail",)) == []
 
 
-def test_a_claim_leaves_the_jobs_of_a_paused_queue(store: Store) -> None:
-    paused = _add(store, queue="paused")
-    active = _add(store, queue="active")
-    with store.write() as conn:
-        queues.pause(conn, "paused", store.now())
-    assert _claim(store, 5) == [active]
-    with store.write() as conn:
-        queues.resume(conn, "paused", store.now())
-    assert _claim(store, 5) == [paused]
+def test_a_claim_leaves_the_jobs_of_a_paused_queue(core_store: Store) -> None:
+    paused = _add(core_store, queue="paused")
+    active = _add(core_store, queue="active")
+    with core_store.write() as conn:
+        queues.pause(conn, "paused", core_store.now())
+    assert _claim(core_store, 5) == [active]
+    with core_store.write() as conn:
+        queues.resume(conn, "paused", core_store.now())
+    assert _claim(core_store, 5) == [paused]
 
 
 # -- eager mode's claim of one job ---------------------------------------------------------------
 
 
-def test_claim_job_takes_a_pending_job_whatever_its_due_time_once(store: Store) -> None:
-    job_id = _add(store, delay=timedelta(hours=1))
-    with store.write() as conn:
-        row = claim_job(conn, store.ops, job_id, worker_id="eager", token="tok", now=store.now())
+def test_claim_job_takes_a_pending_job_whatever_its_due_time_once(core_store: Store) -> None:
+    job_id = _add(core_store, delay=timedelta(hours=1))
+    with core_store.write() as conn:
+        row = claim_job(
+            conn, core_store.ops, job_id, worker_id="eager", token="tok", now=core_store.now()
+        )
     assert row is not None and (row.id, row.attempts, row.claim_token) == (job_id, 1, "tok")
-    with store.write() as conn:
-        again = claim_job(conn, store.ops, job_id, worker_id="eager", token="t2", now=store.now())
-        missing = claim_job(conn, store.ops, job_id + 1, worker_id="e", token="t3", now=utcnow())
+    with core_store.write() as conn:
+        again = claim_job(
+            conn, core_store.ops, job_id, worker_id="eager", token="t2", now=core_store.now()
+        )
+        missing = claim_job(
+            conn, core_store.ops, job_id + 1, worker_id="e", token="t3", now=utcnow()
+        )
     assert again is None and missing is None

@@ -11,8 +11,10 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
+from collections.abc import Mapping
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from typing import ClassVar
 
@@ -22,6 +24,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine import Row
 
 from ...config import Settings
+from ...exceptions import SQLQueueError
+from ..diagnosis import FAIL
+from ..diagnosis import OK
+from ..diagnosis import Finding
 from ..models import JobStatus
 from ..models import effects
 from ..models import jobs
@@ -105,9 +111,47 @@ class DialectOps:
     insert: ClassVar[Callable[..., Any]]
     #: Lock the candidate rows, skipping those another claimer holds.
     skip_locked: ClassVar[bool] = False
+    #: One writer at a time for the whole database: a store queues its own process's
+    #: writers for that lock (``Store.write``) rather than leave them to the database's
+    #: busy handler, which sleeps between tries.
+    single_writer: ClassVar[bool] = False
+
+    # -- the engine ---------------------------------------------------------------------
+
+    def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``create_engine`` keyword arguments for ``url``: the app's ``options``, with
+        this database's defaults for what they leave out. Default: ``options`` as given."""
+        return dict(options)
 
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         """Install whatever connection set-up the database needs. Default: nothing."""
+
+    @classmethod
+    def identity(cls, url: sa.URL) -> str:
+        """A key that is equal for two URLs naming the same database. Default: the
+        server's address and the database's name."""
+        return f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{url.database or ''}"
+
+    def database_file(self, url: sa.URL) -> str | None:
+        """The file on this host that the database is, if it is one: the store refuses
+        to write once it has been deleted or replaced. Default: ``None`` (a server)."""
+        return None
+
+    def wake_dir(self, url: sa.URL) -> Path | None:
+        """Where enqueues wake idle workers on this host (``core/wakeup.py``), for a
+        database that cannot notify them itself. Default: ``None`` (no such wake-ups)."""
+        return None
+
+    def busy_error(self, reason: str) -> Exception:
+        """The error of a write that found the write lock taken for too long, for a
+        :attr:`single_writer` database: the one the database itself raises, so that
+        callers treat both alike. Default: a generic ``OperationalError``."""
+        return sa.exc.OperationalError("BEGIN", None, RuntimeError(reason))
+
+    def diagnose(self, conn: Connection) -> list[Finding]:
+        """What ``flask queue doctor`` says about this database itself: its version and
+        settings. Default: nothing."""
+        return []
 
     #: A query for the database's own current UTC time; ``None`` where the database
     #: runs on the worker's host and clock (SQLite).
@@ -252,6 +296,22 @@ class DialectOps:
         )
         return sorted(conn.execute(stmt).all(), key=claim_order)
 
+    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert jobs without idempotency keys, in one transaction; their ids, in the
+        order of ``rows``."""
+        if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+            # One multi-row INSERT ... RETURNING per page of rows (SQLAlchemy's
+            # "insertmanyvalues"), ids matched to rows whatever order the database uses.
+            result = conn.execute(
+                sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rows
+            )
+            return [int(job_id) for job_id in result.scalars()]
+        # No RETURNING for many rows (MySQL): still one transaction, a row at a time.
+        return [
+            int(conn.execute(sa.insert(jobs), row).inserted_primary_key[0])  # type: ignore[index]
+            for row in rows
+        ]
+
     def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
         """Insert a job; return its id, or ``None`` if its idempotency key already exists."""
         return insert_once(type(self).insert, conn, jobs.c.idempotency_key, values)
@@ -260,3 +320,25 @@ class DialectOps:
         """Insert an effect key; ``False`` if it was reserved before."""
         values = {"key": key, "job_id": job_id, "created_at": now}
         return insert_once(type(self).insert, conn, effects.c.key, values) is not None
+
+
+class ServerOps(DialectOps):
+    """A database server (PostgreSQL, MariaDB, MySQL), as opposed to a file on this host."""
+
+    def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        found = dict(options)
+        found.setdefault("pool_pre_ping", True)
+        # The claim's SKIP LOCKED reasoning assumes READ COMMITTED (MariaDB's default is
+        # REPEATABLE READ, whose snapshot would hide rows committed meanwhile).
+        found.setdefault("isolation_level", "READ COMMITTED")
+        return found
+
+    def diagnose(self, conn: Connection) -> list[Finding]:
+        """The server's version, or why the queue refuses it (:meth:`check_server`)."""
+        version = ".".join(map(str, conn.dialect.server_version_info or ()))
+        try:
+            self.check_server(conn)
+        except SQLQueueError as exc:
+            return [Finding(FAIL, str(exc), "upgrade the database server")]
+        # dialect.name: the database as the user knows it, not a test of which one it is.
+        return [Finding(OK, f"{conn.dialect.name} {version} with SKIP LOCKED")]

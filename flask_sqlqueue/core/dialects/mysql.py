@@ -22,7 +22,7 @@ from ..models import jobs
 from ..models import limits as limits_table
 from .base import CLAIM_COLUMNS
 from .base import PENDING
-from .base import DialectOps
+from .base import ServerOps
 from .base import claim_order
 from .base import claim_values
 
@@ -30,7 +30,7 @@ _STATEMENT_ROOM = 64 * 1024
 _ESCAPED = ("\\", "'", '"', "\0", "\n", "\r", "\x1a")
 
 
-class MySQLOps(DialectOps):
+class MySQLOps(ServerOps):
     name = "mysql"
     clock_query = "SELECT UTC_TIMESTAMP(6)"
     # The whole statement must fit in one packet: MariaDB's default max_allowed_packet,

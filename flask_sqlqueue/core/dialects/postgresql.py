@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 
 from ...exceptions import UnsupportedDatabase
 from ..models import jobs
-from .base import DialectOps
+from .base import ServerOps
 from .base import claim_update
 
 CHANNEL = "sqlqueue_jobs"
@@ -40,7 +40,7 @@ _CLAIM_PLANNER = (
 _PLANNED = "sqlqueue_claim_planner"  # in Connection.info: set for the whole session
 
 
-class PostgresOps(DialectOps):
+class PostgresOps(ServerOps):
     name = "postgresql"
     insert = staticmethod(pg_insert)
     skip_locked = True
