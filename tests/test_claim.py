@@ -11,8 +11,8 @@ from flask_sqlqueue.core import queues
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim
 from flask_sqlqueue.core.claim import claim_job
-from flask_sqlqueue.core.enqueue import EnqueueOptions
 from flask_sqlqueue.core.models import utcnow
+from flask_sqlqueue.core.options import EnqueueOptions
 from flask_sqlqueue.core.payload import encode_payload
 from flask_sqlqueue.core.store import Store
 

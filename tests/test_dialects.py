@@ -15,10 +15,10 @@ from flask_sqlqueue.core.diagnosis import FAIL
 from flask_sqlqueue.core.diagnosis import OK
 from flask_sqlqueue.core.dialects import database_identity
 from flask_sqlqueue.core.dialects import for_dialect
-from flask_sqlqueue.core.enqueue import EnqueueOptions
-from flask_sqlqueue.core.enqueue import job_values
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
+from flask_sqlqueue.core.options import EnqueueOptions
+from flask_sqlqueue.core.options import job_values
 from flask_sqlqueue.core.store import Store
 from flask_sqlqueue.core.store import is_transient
 from flask_sqlqueue.exceptions import UnsupportedDatabase

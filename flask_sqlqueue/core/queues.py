@@ -17,9 +17,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import UnknownQueue
-from .enqueue import check_options
 from .models import jobs
 from .models import queues
+from .options import check_options
 
 if TYPE_CHECKING:
     from .store import Store

@@ -38,8 +38,6 @@ from . import wakeup
 from .dialects import DialectOps
 from .dialects import database_identity
 from .dialects import for_dialect
-from .enqueue import EnqueueOptions
-from .enqueue import job_values
 from .jobs import Job
 from .lifecycle import Backoff
 from .lifecycle import cut_text
@@ -49,6 +47,8 @@ from .liveness import heartbeat_fresh
 from .liveness import steady
 from .models import jobs
 from .models import utcnow
+from .options import EnqueueOptions
+from .options import job_values
 
 T = TypeVar("T")
 
