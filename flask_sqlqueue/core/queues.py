@@ -11,26 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import UnknownQueue
+from .distinct import distinct_values
 from .models import jobs
 from .models import queues
 from .options import check_options
-
-if TYPE_CHECKING:
-    from .store import Store
+from .store import Store
 
 
 def known_queues(conn: Connection, declared: Iterable[str]) -> set[str]:
     """Queue names worth pausing: ``declared`` (the registered tasks' queues), every
     queue that has a job, and every queue that has a row (paused before)."""
-    # Imported here: the claim imports this module, and must not depend on the read side.
-    from .queries import distinct_values
-
     names = conn.execute(sa.select(queues.c.name)).scalars()
     return {*declared, *distinct_values(conn, "queue"), *names}
 
