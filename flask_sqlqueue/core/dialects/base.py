@@ -1,9 +1,12 @@
-"""What every database must provide: engine set-up, claiming, and insert-once writes.
+"""What every database must provide: engine set-up, locking and marking claimed jobs,
+insert-once writes, and what ``flask queue doctor`` checks of the database itself.
 
 Everything here works on a :class:`~sqlalchemy.engine.Connection` inside a transaction
 the caller opened, so one dialect object serves the queue's own engine and a caller's
 session alike. Statements that are the same on every database live here too; a
-subclass overrides only what its database does differently.
+subclass overrides only what its database does differently. Which jobs a claim takes
+is decided above, in ``core/claim.py``: this package imports only the models and
+standard-library leaves.
 """
 
 from __future__ import annotations
