@@ -25,10 +25,12 @@ PYTEST_ARGS ?= -n 4
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+## make lint: ruff, mypy, and the import contracts of pyproject.toml (docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
-	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -72,9 +72,9 @@ def fill(url: str, jobs: int, batch: int) -> float:
 
 
 def _fill_rows(store: Any, n: int) -> None:
-    from flask_sqlqueue.core.enqueue import EnqueueOptions
-    from flask_sqlqueue.core.enqueue import job_values
     from flask_sqlqueue.core.models import jobs
+    from flask_sqlqueue.core.options import EnqueueOptions
+    from flask_sqlqueue.core.options import job_values
 
     payload = '{"args":[],"kwargs":{}}'
     row = job_values(

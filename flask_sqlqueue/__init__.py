@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from .core.context import current_job as current_job
-from .core.enqueue import Call as Call
 from .core.jobs import Job as Job
 from .core.models import JobStatus as JobStatus
+from .core.options import Call as Call
 from .core.tasks import BoundTask as BoundTask
 from .core.tasks import Task as Task
 from .core.worker import Worker as Worker

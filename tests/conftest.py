@@ -29,6 +29,8 @@ from flask import Flask
 from sqlalchemy.pool import NullPool
 
 from flask_sqlqueue import schema
+from flask_sqlqueue.config import Settings
+from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.waiting import scaled
 
@@ -243,6 +245,18 @@ def install_schema(database_uri: str) -> None:
                 conn.exec_driver_sql(statement, parameters)
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def core_store(database_uri: str) -> Iterator[Store]:
+    """A bare :class:`Store` on the test's database, schema in place: the core, no Flask."""
+    store = Store.from_settings(Settings(database_uri=database_uri))
+    if store.engine.dialect.name == "sqlite":
+        schema.upgrade(store.engine)
+    else:
+        install_schema(database_uri)
+    yield store
+    store.engine.dispose()
 
 
 # -- the sample app --------------------------------------------------------------------------

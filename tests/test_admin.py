@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from flask import Flask
 from flask.testing import FlaskClient
 
+from flask_sqlqueue.core import charts
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import models
 from flask_sqlqueue.core import queries
@@ -776,7 +777,7 @@ def test_the_cli_list_reads_no_payload_result_or_history(admin: Admin) -> None:
 def test_the_failure_chart_reads_the_end_of_each_history(admin: Admin) -> None:
     now = admin.app.extensions["sqlqueue"].store.now()
     ago = lambda minutes: now - timedelta(minutes=minutes)  # noqa: E731
-    long = "x" * (queries.HISTORY_TAIL * 2)
+    long = "x" * (charts.HISTORY_TAIL * 2)
 
     def record(i: int, at: datetime, traceback: str = "") -> dict[str, Any]:
         return {
@@ -800,7 +801,7 @@ def test_the_failure_chart_reads_the_end_of_each_history(admin: Admin) -> None:
     )
     store = admin.app.extensions["sqlqueue"].store
     with store.read() as conn:
-        data = queries.activity(conn, now)
+        data = charts.activity(conn, now)
     # The record cut off is older than one still read that is older than the hour.
     assert (sum(data.failed), data.failed_partial) == (1, False)
     set_job(
@@ -811,7 +812,7 @@ def test_the_failure_chart_reads_the_end_of_each_history(admin: Admin) -> None:
         errors=json.dumps([record(1, ago(20)), record(2, ago(1), long)]),
     )
     with store.read() as conn:
-        data = queries.activity(conn, now)
+        data = charts.activity(conn, now)
     # b's failure 20 min ago is before the end that is read: a lower bound, and said so.
     assert (sum(data.failed), data.failed_partial) == (2, True)
     assert "2+ failed attempts" in admin.get("/").get_data(as_text=True)
@@ -1057,7 +1058,7 @@ def test_activity_counts_completed_jobs_failed_attempts_and_waiting_jobs(admin: 
         (timedelta(days=1), timedelta(minutes=10)),
     ):
         with store.read() as conn:
-            data = queries.activity(conn, now, span=span, step=step)
+            data = charts.activity(conn, now, span=span, step=step)
         assert len(data.starts) == span / step
         assert data.starts[-1] <= now < data.starts[-1] + step  # the current bucket is last
         ends = [start + step for start in data.starts]
@@ -1078,7 +1079,7 @@ def test_activity_counts_completed_jobs_failed_attempts_and_waiting_jobs(admin: 
         assert data.waiting[-1] == 2  # b and g
         assert data.failed_partial is False
     with store.read() as conn:
-        capped = queries.activity(conn, now, failure_rows=1)
+        capped = charts.activity(conn, now, failure_rows=1)
     assert capped.failed_partial and sum(capped.failed) < 4
 
     hour = admin.get("/").get_data(as_text=True)
@@ -1128,9 +1129,9 @@ def test_per_task_metrics_over_a_window(admin: Admin) -> None:
 
     store = admin.app.extensions["sqlqueue"].store
     with store.read() as conn:
-        day = {m.task: m for m in queries.task_metrics(conn, ago(1440))}
-        week = {m.task: m for m in queries.task_metrics(conn, ago(7 * 1440))}
-        sampled = {m.task: m for m in queries.task_metrics(conn, ago(1440), sample=2)}
+        day = {m.task: m for m in charts.task_metrics(conn, ago(1440))}
+        week = {m.task: m for m in charts.task_metrics(conn, ago(7 * 1440))}
+        sampled = {m.task: m for m in charts.task_metrics(conn, ago(1440), sample=2)}
     add = day["tests.sample_app.add"]
     assert (add.completed, add.dead, add.attempts, add.sampled) == (4, 0, 5, 4)
     assert add.failed_attempts == 1 and add.failure_rate == pytest.approx(0.2)
@@ -1194,12 +1195,12 @@ def test_admin_reads_are_planned_for_their_parameters(admin: Admin, backend: str
 
 
 def test_percentiles_are_nearest_rank() -> None:
-    assert queries.percentile([], 0.5) is None
-    assert queries.percentile([7.0], 0.95) == 7.0
+    assert charts.percentile([], 0.5) is None
+    assert charts.percentile([7.0], 0.95) == 7.0
     values = [float(v) for v in range(1, 101)]
-    assert queries.percentile(values, 0.5) == 50.0
-    assert queries.percentile(values, 0.95) == 95.0
-    assert queries.percentile(values, 1.0) == 100.0
+    assert charts.percentile(values, 0.5) == 50.0
+    assert charts.percentile(values, 0.95) == 95.0
+    assert charts.percentile(values, 1.0) == 100.0
 
 
 def test_the_dead_letter_view_shows_the_effects_each_job_reserved(admin: Admin) -> None:

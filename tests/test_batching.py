@@ -15,6 +15,8 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import QueueUnavailable
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core.claim import ClaimRequest
+from flask_sqlqueue.core.claim import claim
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.store import Store
@@ -104,14 +106,16 @@ def _claim(app: Flask, token: str, limit: int) -> list[Any]:
 
 
 def _claim_in(store: Store, conn: Any, token: str, limit: int) -> list[Any]:
-    return store.ops.claim(
+    return claim(
         conn,
-        worker_id="test-worker",
-        token=token,
-        now=utcnow(),
-        limit=limit,
-        queues=(),
-        tasks=[sample_app.add.name],
+        store.ops,
+        ClaimRequest(
+            worker_id="test-worker",
+            token=token,
+            now=utcnow(),
+            limit=limit,
+            tasks=[sample_app.add.name],
+        ),
     )
 
 

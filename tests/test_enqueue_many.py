@@ -19,7 +19,7 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import PayloadError
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core.enqueue import Call
+from flask_sqlqueue.core.options import Call
 from tests import sample_app
 from tests.conftest import query_dicts
 from tests.waiting import WAIT

@@ -31,6 +31,8 @@ from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core.claim import ClaimRequest
+from flask_sqlqueue.core.claim import claim as claim_jobs
 from flask_sqlqueue.core.limits import window_start
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
@@ -54,15 +56,17 @@ def claim(app: Flask, limit: int, *, worker: str = "w") -> list[int]:
     """One claim, as a worker serving every task of the limits app makes it."""
     store = app.extensions["sqlqueue"].store
     with store.write() as conn:
-        rows = store.ops.claim(
+        rows = claim_jobs(
             conn,
-            worker_id=worker,
-            token=uuid.uuid4().hex,
-            now=store.now(),
-            limit=limit,
-            queues=(),
-            tasks=sorted(Q.registry),
-            limits={name: task.limits for name, task in Q.registry.items() if task.limits},
+            store.ops,
+            ClaimRequest(
+                worker_id=worker,
+                token=uuid.uuid4().hex,
+                now=store.now(),
+                limit=limit,
+                tasks=sorted(Q.registry),
+            ),
+            {name: task.limits for name, task in Q.registry.items() if task.limits},
         )
     return [row.id for row in rows]
 

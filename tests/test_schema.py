@@ -31,10 +31,11 @@ from flask_sqlqueue import SchemaError
 from flask_sqlqueue import schema
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import periodic
-from flask_sqlqueue.core.enqueue import EnqueueOptions
+from flask_sqlqueue.core import schedule
 from flask_sqlqueue.core.models import VERSION_TABLE
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import metadata
+from flask_sqlqueue.core.options import EnqueueOptions
 from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.conftest import query
@@ -372,7 +373,7 @@ def test_upgrade_to_growing_ids_keeps_every_job(
     app = make_app(upgrade=False)
     store = _store(app)
     schema.upgrade(store.engine, "0004")
-    slots = [f"{periodic.KEY_PREFIX}hourly:2024-06-03T{hour:02d}:00:00Z" for hour in (9, 11, 10)]
+    slots = [f"{schedule.KEY_PREFIX}hourly:2024-06-03T{hour:02d}:00:00Z" for hour in (9, 11, 10)]
     given = [
         store.enqueue("hourly", EMPTY_PAYLOAD, EnqueueOptions(idempotency_key=key)).id
         for key in slots

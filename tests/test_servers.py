@@ -19,6 +19,8 @@ from flask import Flask
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import WorkerOptions
+from flask_sqlqueue.core.claim import ClaimRequest
+from flask_sqlqueue.core.claim import claim as claim_jobs
 from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
 from tests.conftest import SERVER_URL_VARS
@@ -62,14 +64,16 @@ def test_a_claim_skips_jobs_another_claim_holds_instead_of_waiting(server_app: F
         second = sample_app.add.enqueue(2, 2)
 
     def claim(conn: sa.Connection, worker: str, limit: int) -> list[int]:
-        rows = store.ops.claim(
+        rows = claim_jobs(
             conn,
-            worker_id=worker,
-            token=uuid.uuid4().hex,
-            now=store.now(),
-            limit=limit,
-            queues=(),
-            tasks=[sample_app.add.name],
+            store.ops,
+            ClaimRequest(
+                worker_id=worker,
+                token=uuid.uuid4().hex,
+                now=store.now(),
+                limit=limit,
+                tasks=[sample_app.add.name],
+            ),
         )
         return [row.id for row in rows]
 
@@ -190,14 +194,16 @@ def test_a_claim_takes_no_more_jobs_than_its_limit(server_app: Any) -> None:
     claimed: list[int] = []
     for limit in (1, 2, 5):
         with store.write() as conn:
-            rows = store.ops.claim(
+            rows = claim_jobs(
                 conn,
-                worker_id="probe",
-                token=uuid.uuid4().hex,
-                now=utcnow(),
-                limit=limit,
-                queues=(),
-                tasks=[sample_app.add.name],
+                store.ops,
+                ClaimRequest(
+                    worker_id="probe",
+                    token=uuid.uuid4().hex,
+                    now=utcnow(),
+                    limit=limit,
+                    tasks=[sample_app.add.name],
+                ),
             )
         assert len(rows) == limit
         claimed += [row.id for row in rows]

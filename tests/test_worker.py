@@ -27,6 +27,8 @@ from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import Worker
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core.claim import ClaimRequest
+from flask_sqlqueue.core.claim import claim
 from flask_sqlqueue.core.lifecycle import Backoff
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import jobs
@@ -480,14 +482,16 @@ def test_write_with_a_stale_claim_token_changes_nothing(ctx: Flask) -> None:
     job = sample_app.add.enqueue(1, 2)
     store = store_of(ctx)
     with store.write() as conn:
-        claimed = store.ops.claim(
+        claimed = claim(
             conn,
-            worker_id="test-worker",
-            token="old-token",
-            now=utcnow(),
-            limit=5,
-            queues=(),
-            tasks=[sample_app.add.name],
+            store.ops,
+            ClaimRequest(
+                worker_id="test-worker",
+                token="old-token",
+                now=utcnow(),
+                limit=5,
+                tasks=[sample_app.add.name],
+            ),
         )
     assert [(r.id, r.claim_token, r.attempts) for r in claimed] == [(job.id, "old-token", 1)]
     assert job.refresh().status is JobStatus.RUNNING

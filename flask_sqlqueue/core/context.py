@@ -17,8 +17,8 @@ from ..exceptions import ClaimLost
 from ..exceptions import JobCancelled
 from ..exceptions import NoJobContext
 from . import lifecycle
-from .enqueue import check_key
 from .lifecycle import holds_claim
+from .options import check_key
 
 if TYPE_CHECKING:
     from .store import Store

@@ -7,7 +7,7 @@ most one job per account runs at once, across every worker on every host.
 The key is computed once, at enqueue, from the job's arguments, and stored in
 ``jobs.concurrency_key``. A task with its key is a *bucket*; each bucket has a row in
 ``sqlqueue_limits`` that the claim locks before it counts the bucket's running jobs, so
-two workers never both take the same free slot (see ``dialects/base.py``). The same row
+two workers never both take the same free slot (see ``claim.py``). The same row
 keeps a rate limit's fixed window: the window's start, aligned to a multiple of the
 period since the Unix epoch, and the number of starts in it.
 """

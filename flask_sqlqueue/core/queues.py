@@ -1,7 +1,7 @@
 """Pausing and resuming queues.
 
 A paused queue has a row in ``sqlqueue_queues`` with ``paused_at`` set. Every claim
-filters paused queues inside its own statement (see ``dialects/base.py``), so a pause
+filters paused queues inside its own statement (see ``claim.py``), so a pause
 holds for every claim that starts after it commits, on every host; jobs already
 running finish as usual. A queue without a row is simply active.
 """
@@ -11,26 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import UnknownQueue
-from .enqueue import check_options
+from .distinct import distinct_values
 from .models import jobs
 from .models import queues
-
-if TYPE_CHECKING:
-    from .store import Store
+from .options import check_options
+from .store import Store
 
 
 def known_queues(conn: Connection, declared: Iterable[str]) -> set[str]:
     """Queue names worth pausing: ``declared`` (the registered tasks' queues), every
     queue that has a job, and every queue that has a row (paused before)."""
-    # Imported here: the claim imports this module, and must not depend on the read side.
-    from .queries import distinct_values
-
     names = conn.execute(sa.select(queues.c.name)).scalars()
     return {*declared, *distinct_values(conn, "queue"), *names}
 
@@ -86,11 +81,6 @@ def paused_queues(conn: Connection) -> dict[str, datetime]:
         .order_by(queues.c.name)
     )
     return {name: paused_at for name, paused_at in rows}
-
-
-def paused_names() -> sa.Select[tuple[str]]:
-    """The claim's filter: names of paused queues, as a subquery."""
-    return sa.select(queues.c.name).where(queues.c.paused_at.is_not(None))
 
 
 def set_paused(

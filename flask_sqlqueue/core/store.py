@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import sqlite3
 import threading
 import time
 import weakref
@@ -37,9 +36,8 @@ from . import lifecycle
 from . import signals
 from . import wakeup
 from .dialects import DialectOps
+from .dialects import database_identity
 from .dialects import for_dialect
-from .enqueue import EnqueueOptions
-from .enqueue import job_values
 from .jobs import Job
 from .lifecycle import Backoff
 from .lifecycle import cut_text
@@ -49,6 +47,8 @@ from .liveness import heartbeat_fresh
 from .liveness import steady
 from .models import jobs
 from .models import utcnow
+from .options import EnqueueOptions
+from .options import job_values
 
 T = TypeVar("T")
 
@@ -77,34 +77,26 @@ CLOCK_SYNC_INTERVAL = 60.0
 CLOCK_RETRY_INTERVAL = 5.0
 
 
-def database_identity(url: sa.URL) -> str:
-    """A key that is equal for two URLs naming the same database."""
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        return "sqlite:" + os.path.realpath(url.database or ":memory:")
-    return f"{backend}://{url.host or ''}:{url.port or ''}/{url.database or ''}"
-
-
 class Store:
     """The queue's engine and everything that reads or writes it."""
 
     def __init__(self, engine: Engine, settings: Settings) -> None:
         self.engine = engine
         self.settings = settings
+        # The database is looked up once, here: everything that differs is in self.ops.
         self.ops: DialectOps = for_dialect(engine.dialect.name)
         self.ops.configure_engine(engine, settings)
         self.read_engine = engine.execution_options(**self.ops.read_options())
         self.identity = database_identity(engine.url)
         self._write_lock: threading.RLock | None = None
-        if self.ops.name == "sqlite":
+        if self.ops.single_writer:
             with _waiters_lock:
                 self._write_lock = _write_locks.setdefault(self.identity, threading.RLock())
-        self._wake_dir = (
-            wakeup.wake_dir(engine.url.database or "") if self.ops.name == "sqlite" else None
-        )
-        # SQLite: the file the first connection opened, and whether it has gone since
-        # (deleted: True, replaced: False); writes are refused once it has.
-        self._path = os.path.abspath(engine.url.database or "") if self.ops.name == "sqlite" else ""
+        self._wake_dir = self.ops.wake_dir(engine.url)
+        # A database that is a file here (SQLite): the file the first connection opened,
+        # and whether it has gone since (deleted: True, replaced: False); writes are
+        # refused once it has.
+        self._path = self.ops.database_file(engine.url) or ""
         self._file: tuple[int, int] | None = None
         self._file_gone: bool | None = None
         if self._path:
@@ -127,19 +119,9 @@ class Store:
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
         url = make_url(settings.database_uri)
-        options = dict(settings.engine_options)
-        if url.get_backend_name() == "sqlite":
-            if url.database in (None, "", ":memory:"):
-                raise ValueError(
-                    "An in-memory SQLite database cannot be shared by a worker; "
-                    "use a file: sqlite:///path/to/queue.db"
-                )
-            os.makedirs(os.path.dirname(os.path.abspath(url.database)) or ".", exist_ok=True)
-        else:
-            options.setdefault("pool_pre_ping", True)
-            # The claim's SKIP LOCKED reasoning assumes READ COMMITTED (MariaDB's default
-            # is REPEATABLE READ, whose snapshot would hide rows committed meanwhile).
-            options.setdefault("isolation_level", "READ COMMITTED")
+        # Looked up from the URL, as there is no engine yet: an unsupported database is
+        # refused before its driver is loaded.
+        options = for_dialect(url.get_backend_name()).engine_options(url, settings.engine_options)
         return cls(sa.create_engine(url, **options), settings)
 
     # -- transactions -----------------------------------------------------------------
@@ -153,27 +135,24 @@ class Store:
         if self._write_lock is None:
             return self.engine.begin()
         self.check_file()
-        return self._sqlite_write()
+        return self._single_writer_write()
 
     @contextmanager
-    def _sqlite_write(self) -> Iterator[Connection]:
+    def _single_writer_write(self) -> Iterator[Connection]:
         with self._writer_turn(), self.engine.begin() as conn:
             yield conn
 
     @contextmanager
     def _writer_turn(self) -> Iterator[None]:
-        """On SQLite, this process's turn to write; elsewhere, nothing to wait for."""
+        """On a single-writer database (SQLite), this process's turn to write; elsewhere,
+        nothing to wait for."""
         lock = self._write_lock
         if lock is None:
             yield
             return
         # As long as SQLite itself would wait, then the same error it would raise.
         if not lock.acquire(timeout=self.settings.sqlite_busy_timeout):
-            raise sa.exc.OperationalError(
-                "BEGIN IMMEDIATE",
-                None,
-                sqlite3.OperationalError("database is locked (by a writer in this process)"),
-            )
+            raise self.ops.busy_error("by a writer in this process")
         try:
             yield
         finally:
@@ -295,12 +274,16 @@ class Store:
         if signals.job_enqueued.receivers and job.created_at == values["created_at"]:
             signals.send(signals.job_enqueued, self.signal_sender, job=job)
 
+    def _ops_for(self, conn: Connection) -> DialectOps:
+        """The dialect operations for ``conn``. A caller's connection is on the queue's
+        own database (:meth:`_caller_connection` checks it), so these are :attr:`ops`;
+        the dialect is compared all the same, so that no connection is ever given
+        another database's SQL."""
+        same = conn.dialect.name == self.engine.dialect.name
+        return self.ops if same else for_dialect(conn.dialect.name)
+
     def _insert(self, conn: Connection, values: dict[str, Any], *, notify: bool = True) -> Job:
-        ops = (
-            self.ops
-            if conn.dialect.name == self.engine.dialect.name
-            else for_dialect(conn.dialect.name)
-        )
+        ops = self._ops_for(conn)
         key = values["idempotency_key"]
         for _ in range(3):
             job_id = ops.insert_job(conn, values)
@@ -315,11 +298,7 @@ class Store:
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
 
     def _insert_many(self, conn: Connection, rows: list[dict[str, Any]]) -> list[Job]:
-        ops = (
-            self.ops
-            if conn.dialect.name == self.engine.dialect.name
-            else for_dialect(conn.dialect.name)
-        )
+        ops = self._ops_for(conn)
         made: list[Job | None] = [None] * len(rows)
         first: dict[str, int] = {}  # idempotency key -> index of its first call
         repeats: list[tuple[int, int]] = []  # (index, index of the first call with its key)
@@ -328,7 +307,7 @@ class Store:
         def flush_run() -> None:
             if run:
                 for index, job_id in zip(
-                    run, self._insert_plain(conn, [rows[i] for i in run]), strict=True
+                    run, ops.insert_jobs(conn, [rows[i] for i in run]), strict=True
                 ):
                     made[index] = self._new_job(job_id, rows[index])
                 run.clear()
@@ -352,29 +331,6 @@ class Store:
         if rows:
             ops.notify(conn)
         return made  # type: ignore[return-value]
-
-    def _insert_plain(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
-        """Insert jobs without idempotency keys; their ids, in the order of ``rows``."""
-        if conn.dialect.name == "sqlite":
-            # SQLAlchemy cannot match RETURNING rows to parameters on SQLite, so with
-            # sort_by_parameter_order it inserts a row at a time. It need not: under the
-            # single write lock each row gets the next rowid in insert order (with
-            # AUTOINCREMENT, one past the largest ever given), so the ids in ascending
-            # order are the rows' ids in order.
-            result = conn.execute(sa.insert(jobs).returning(jobs.c.id), rows)
-            return sorted(int(job_id) for job_id in result.scalars())
-        if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
-            # One multi-row INSERT ... RETURNING per page of rows (SQLAlchemy's
-            # "insertmanyvalues"), ids matched to rows whatever order the database uses.
-            result = conn.execute(
-                sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rows
-            )
-            return [int(job_id) for job_id in result.scalars()]
-        # No RETURNING for many rows (MySQL): still one transaction, a row at a time.
-        return [
-            int(conn.execute(sa.insert(jobs), row).inserted_primary_key[0])  # type: ignore[index]
-            for row in rows
-        ]
 
     def _new_job(self, job_id: int, values: dict[str, Any]) -> Job:
         """The Job for a row just inserted with ``values`` (saves reading it back)."""

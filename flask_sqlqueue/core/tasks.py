@@ -22,15 +22,15 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm import scoped_session
 
 from ..exceptions import DuplicateTask
-from .enqueue import Call
-from .enqueue import CallLike
-from .enqueue import EnqueueOptions
-from .enqueue import check_task_name
-from .enqueue import signature_of
 from .jobs import Job
 from .lifecycle import BackoffFunc
 from .limits import TaskLimits
-from .periodic import Schedule
+from .options import Call
+from .options import CallLike
+from .options import EnqueueOptions
+from .options import check_task_name
+from .options import signature_of
+from .schedule import Schedule
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -49,16 +49,16 @@ from . import queries
 from . import retention
 from . import signals
 from .aio import run_to_end
+from .claim import ClaimRequest
+from .claim import claim
+from .claim import claim_job
 from .context import JobContext
 from .context import _current
-from .dialects.base import CLAIM_COLUMNS
-from .dialects.base import claim_values
 from .isolation import AttemptFailed
 from .isolation import Isolation
 from .isolation import RuntimeLoader
 from .liveness import HeartbeatWatch
 from .models import JobStatus
-from .models import jobs
 from .payload import decode_payload
 from .payload import encode_value
 from .store import Store
@@ -212,7 +212,7 @@ class Worker:
         self.registry = registry
         # The claim filters on these on every poll: sort them once, not per claim.
         self._task_names = tuple(sorted(registry))
-        # Concurrency and rate limits, enforced by the claim (see dialects/base.py).
+        # Concurrency and rate limits, enforced by the claim (see claim.py).
         self._limits = {
             name: task.limits for name, task in registry.items() if task.limits is not None
         }
@@ -495,16 +495,10 @@ class Worker:
                 try:
                     with self._writer.begin() as conn:
                         done = lifecycle.complete_many(conn, items, now) if items else set()
-                        rows = self.store.ops.claim(
-                            conn,
-                            worker_id=self.id,
-                            token=token,
-                            now=now,
-                            limit=limit,
-                            queues=self.options.queues,
-                            tasks=self._task_names,
-                            limits=self._limits,
+                        request = ClaimRequest(
+                            self.id, token, now, limit, self.options.queues, self._task_names
                         )
+                        rows = claim(conn, self.store.ops, request, self._limits)
                     break
                 except sa.exc.DBAPIError as exc:
                     # The database rolled the whole transaction back; nothing was taken.
@@ -1178,17 +1172,11 @@ class Worker:
         token = uuid.uuid4().hex
         now = self.clock()
 
-        def claim(conn: Any) -> Any:
-            conn.execute(
-                sa.update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.status == JobStatus.PENDING.value)
-                .values(claim_values(self.id, token, now))
+        row = self.store.run_write(
+            lambda conn: claim_job(
+                conn, self.store.ops, job_id, worker_id=self.id, token=token, now=now
             )
-            return conn.execute(
-                sa.select(*CLAIM_COLUMNS).where(jobs.c.id == job_id, jobs.c.claim_token == token)
-            ).first()
-
-        row = self.store.run_write(claim)
+        )
         if row is None:
             return False
         with self._lock:

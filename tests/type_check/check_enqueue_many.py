@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask_sqlqueue import Job
 from flask_sqlqueue import SQLQueue
-from flask_sqlqueue.core.enqueue import Call
+from flask_sqlqueue.core.options import Call
 
 queue = SQLQueue()
 

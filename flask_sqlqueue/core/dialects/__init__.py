@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 from ...exceptions import UnsupportedDatabase
 from .base import DialectOps
 from .mysql import MySQLOps
@@ -26,4 +28,10 @@ def for_dialect(name: str) -> DialectOps:
         ) from None
 
 
-__all__ = ["DialectOps", "for_dialect"]
+def database_identity(url: sa.URL) -> str:
+    """A key that is equal for two URLs naming the same database (on any database, the
+    queue's or not: a caller's session is compared with it)."""
+    return _OPS.get(url.get_backend_name(), DialectOps).identity(url)
+
+
+__all__ = ["DialectOps", "database_identity", "for_dialect"]

@@ -1,9 +1,12 @@
-"""What every database must provide: engine set-up, claiming, and insert-once writes.
+"""What every database must provide: engine set-up, locking and marking claimed jobs,
+insert-once writes, and what ``flask queue doctor`` checks of the database itself.
 
 Everything here works on a :class:`~sqlalchemy.engine.Connection` inside a transaction
 the caller opened, so one dialect object serves the queue's own engine and a caller's
 session alike. Statements that are the same on every database live here too; a
-subclass overrides only what its database does differently.
+subclass overrides only what its database does differently. Which jobs a claim takes
+is decided above, in ``core/claim.py``: this package imports only the models and
+standard-library leaves.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import threading
 from collections.abc import Callable
 from collections.abc import Mapping
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 from typing import ClassVar
 
@@ -24,21 +27,14 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine import Row
 
 from ...config import Settings
-from ..limits import Bucket
-from ..limits import TaskLimits
-from ..limits import bucket_name
-from ..limits import bucket_of
-from ..limits import bucket_where
-from ..limits import free_slots
-from ..limits import rate_rows
-from ..limits import running_counts
-from ..limits import starts_in_window
-from ..limits import window_start
+from ...exceptions import SQLQueueError
+from ..diagnosis import FAIL
+from ..diagnosis import OK
+from ..diagnosis import Finding
 from ..models import JobStatus
 from ..models import effects
 from ..models import jobs
 from ..models import limits as limits_table
-from ..queues import paused_names
 
 PENDING = JobStatus.PENDING.value
 RUNNING = JobStatus.RUNNING.value
@@ -55,39 +51,6 @@ CLAIM_COLUMNS = (
     jobs.c.idempotency_key,
     jobs.c.claim_token,
 )
-
-
-def claim_candidates(
-    now: datetime | Any, limit: int | Any, queues: Sequence[str], tasks: Sequence[str]
-) -> sa.Select[tuple[int]]:
-    """The ids of the next eligible jobs, in the order the contract promises.
-
-    Paused queues are filtered here, inside the claim's own statement, so a pause holds
-    for every claim that starts after it commits (the subquery is a plain read, never a
-    locking one, on every database).
-    """
-    query = sa.select(jobs.c.id).where(
-        jobs.c.status == PENDING, jobs.c.run_at <= now, jobs.c.queue.not_in(paused_names())
-    )
-    if queues:
-        query = query.where(jobs.c.queue.in_(queues))
-    return (
-        query.where(jobs.c.task.in_(tasks))
-        .order_by(jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id)
-        .limit(limit)
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimRequest:
-    """One claim: which worker takes up to ``limit`` of which jobs, as of ``now``."""
-
-    worker_id: str
-    token: str
-    now: datetime
-    limit: int
-    queues: tuple[str, ...]
-    tasks: tuple[str, ...]
 
 
 def claim_values(worker_id: str | Any, token: str | Any, now: datetime | Any) -> dict[str, Any]:
@@ -108,52 +71,16 @@ def claim_order(row: Row[Any]) -> tuple[int, int]:
     return (-row.priority, row.id)
 
 
-@functools.lru_cache(maxsize=64)
-def _plain_claim(skip_locked: bool, queues: tuple[str, ...], tasks: tuple[str, ...]) -> Any:
-    """The plain claim for one worker's queues and tasks, built once: building it per
-    claim cost more than running it. ``now``, ``limit``, ``worker_id`` and ``token`` are
-    bound per execution."""
-    now = sa.bindparam("now", type_=jobs.c.run_at.type)
-    candidates = claim_candidates(now, sa.bindparam("limit", type_=sa.Integer), queues, tasks)
-    if skip_locked:
-        # ``= ANY(ARRAY(subquery))`` runs the subquery exactly once (an InitPlan).
-        # PostgreSQL may re-run an ``IN (subquery)`` for every outer row (a nested-loop
-        # semi join), and with SKIP LOCKED each run finds rows the previous one locked
-        # past: ``LIMIT 1`` then claimed every pending job.
-        # No outer status test: locking a row that changed since the snapshot re-checks
-        # the subquery's WHERE on its newest version (and skips it if no longer pending),
-        # and the lock keeps it so. A test here also let PostgreSQL, with stale
-        # statistics, find the rows by scanning every pending one instead of by id.
-        locked = candidates.with_for_update(skip_locked=True).scalar_subquery()
-        chosen = jobs.c.id == sa.any_(sa.func.array(locked))
-    else:
-        # One writer and one statement (SQLite): the subquery's rows are still
-        # pending, and an outer status test would make SQLite scan every pending row.
-        chosen = jobs.c.id.in_(candidates.scalar_subquery())
+def claim_update(chosen: sa.ColumnElement[bool]) -> sa.Update:
+    """``UPDATE … SET <running> WHERE chosen RETURNING <claim columns>``, with
+    ``worker_id``, ``token`` and ``now`` bound per execution: the one-statement claim
+    of the databases that have UPDATE … RETURNING."""
     values = claim_values(
         sa.bindparam("worker_id", type_=jobs.c.worker_id.type),
         sa.bindparam("token", type_=jobs.c.claim_token.type),
-        now,
+        sa.bindparam("now", type_=jobs.c.run_at.type),
     )
     return sa.update(jobs).where(chosen).values(values).returning(*CLAIM_COLUMNS)
-
-
-#: Looks at the head of the line per claim, each past the buckets the last found full.
-_ROUNDS = 4
-
-
-def _candidates(
-    now: datetime, limit: int, queues: Sequence[str], tasks: Sequence[str], where: Any
-) -> sa.Select[Any]:
-    """Like :func:`claim_candidates`, with each job's task and key, narrowed by ``where``."""
-    query = claim_candidates(now, limit, queues, tasks)
-    return query.with_only_columns(jobs.c.id, jobs.c.task, jobs.c.concurrency_key).where(where)
-
-
-def _excluding(full: set[Bucket], limited: Mapping[str, TaskLimits]) -> Any:
-    if not full:
-        return sa.true()
-    return sa.not_(sa.or_(*(bucket_where(b, limited[b[0]]) for b in sorted(full, key=str))))
 
 
 @functools.cache
@@ -177,8 +104,9 @@ def insert_once(
 class DialectOps:
     """The database-specific half of the queue. Subclasses set ``name`` and ``insert``.
 
-    The defaults claim with one ``UPDATE … WHERE id IN (SELECT …) RETURNING`` and insert
-    once with ``ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL share.
+    The defaults mark claimed jobs with ``UPDATE … RETURNING`` and insert once with
+    ``ON CONFLICT DO NOTHING``, which SQLite and PostgreSQL share. Which jobs a claim
+    takes is decided above the dialects, in ``core/claim.py``.
     """
 
     name: ClassVar[str]
@@ -186,9 +114,47 @@ class DialectOps:
     insert: ClassVar[Callable[..., Any]]
     #: Lock the candidate rows, skipping those another claimer holds.
     skip_locked: ClassVar[bool] = False
+    #: One writer at a time for the whole database: a store queues its own process's
+    #: writers for that lock (``Store.write``) rather than leave them to the database's
+    #: busy handler, which sleeps between tries.
+    single_writer: ClassVar[bool] = False
+
+    # -- the engine ---------------------------------------------------------------------
+
+    def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``create_engine`` keyword arguments for ``url``: the app's ``options``, with
+        this database's defaults for what they leave out. Default: ``options`` as given."""
+        return dict(options)
 
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         """Install whatever connection set-up the database needs. Default: nothing."""
+
+    @classmethod
+    def identity(cls, url: sa.URL) -> str:
+        """A key that is equal for two URLs naming the same database. Default: the
+        server's address and the database's name."""
+        return f"{url.get_backend_name()}://{url.host or ''}:{url.port or ''}/{url.database or ''}"
+
+    def database_file(self, url: sa.URL) -> str | None:
+        """The file on this host that the database is, if it is one: the store refuses
+        to write once it has been deleted or replaced. Default: ``None`` (a server)."""
+        return None
+
+    def wake_dir(self, url: sa.URL) -> Path | None:
+        """Where enqueues wake idle workers on this host (``core/wakeup.py``), for a
+        database that cannot notify them itself. Default: ``None`` (no such wake-ups)."""
+        return None
+
+    def busy_error(self, reason: str) -> Exception:
+        """The error of a write that found the write lock taken for too long, for a
+        :attr:`single_writer` database: the one the database itself raises, so that
+        callers treat both alike. Default: a generic ``OperationalError``."""
+        return sa.exc.OperationalError("BEGIN", None, RuntimeError(reason))
+
+    def diagnose(self, conn: Connection) -> list[Finding]:
+        """What ``flask queue doctor`` says about this database itself: its version and
+        settings. Default: nothing."""
+        return []
 
     #: A query for the database's own current UTC time; ``None`` where the database
     #: runs on the worker's host and clock (SQLite).
@@ -260,153 +226,42 @@ class DialectOps:
         two timestamps per row into Python costs more than the query)."""
         raise NotImplementedError(f"{type(self).__name__} has no time arithmetic")
 
-    def claim(
+    def take(
         self,
         conn: Connection,
+        candidates: sa.Select[tuple[int]],
         *,
-        worker_id: str,
-        token: str,
         now: datetime,
         limit: int,
-        queues: Sequence[str],
-        tasks: Sequence[str],
-        limits: Mapping[str, TaskLimits] | None = None,
+        worker_id: str,
+        token: str,
     ) -> list[Any]:
-        """Mark up to ``limit`` eligible jobs running for this worker and return them in order.
+        """Lock the jobs ``candidates`` selects (``now`` and ``limit`` are its bound
+        parameters), skipping any another claim holds; mark them running for this
+        claim; return them in claim order (the plain claim of ``core/claim.py``).
 
-        ``limits`` holds the concurrency and rate limits of the tasks that have them;
-        their jobs are claimed only into free slots (see :meth:`claim_limited`).
+        Default: the one statement of :meth:`claim_statement`, after :meth:`before_claim`.
         """
-        request = ClaimRequest(worker_id, token, now, limit, tuple(queues), tuple(tasks))
-        limited = {task: limits[task] for task in tasks if task in limits} if limits else {}
-        if limited:
-            return self.claim_limited(conn, request, limited)
-        return self.claim_plain(conn, request)
-
-    def claim_plain(self, conn: Connection, request: ClaimRequest) -> list[Any]:
-        """The claim of a worker none of whose tasks is limited: one statement."""
-        stmt = _plain_claim(self.skip_locked, request.queues, request.tasks)
-        params = {
-            "now": request.now,
-            "limit": request.limit,
-            "worker_id": request.worker_id,
-            "token": request.token,
-        }
+        self.before_claim(conn)
+        params = {"now": now, "limit": limit, "worker_id": worker_id, "token": token}
         # RETURNING order is unspecified; restore the claim order.
-        return sorted(conn.execute(stmt, params).all(), key=claim_order)
+        return sorted(conn.execute(self.claim_statement(candidates), params).all(), key=claim_order)
 
-    def claim_limited(
-        self, conn: Connection, request: ClaimRequest, limited: Mapping[str, TaskLimits]
-    ) -> list[Any]:
-        """The claim when some tasks have concurrency or rate limits, in three steps.
+    def before_claim(self, conn: Connection) -> None:
+        """Set up the transaction for the one statement of :meth:`take`. Default: nothing."""
 
-        1. Look (no locks) at the head of the line for the buckets it will take from,
-           excluding buckets that are full and looking again, so a limited task's
-           backlog never hides the jobs behind it.
-        2. Lock those buckets' rows in ``sqlqueue_limits``, in name order so two claims
-           can never wait for each other in a cycle, and blocking (not SKIP LOCKED):
-           every claim of a bucket waits its turn, then counts the bucket's running
-           jobs and its rate window, which the claims before it have committed.
-        3. Lock candidates (SKIP LOCKED where the database has it) from the unlimited
-           tasks and the buckets with free slots only, take them in order until the
-           slots are used, and mark them running; record the rate windows' starts.
+    def claim_statement(self, candidates: sa.Select[tuple[int]]) -> sa.Update:
+        """The claim as one ``UPDATE … RETURNING`` (see :func:`claim_update`) of the jobs
+        ``candidates`` selects; cache it per ``candidates``, which the claim builds once
+        per worker's queues and tasks. A database without UPDATE … RETURNING overrides
+        :meth:`take` instead."""
+        raise NotImplementedError(f"{type(self).__name__} claims in more than one statement")
 
-        Every claimed job's ``started_at`` is the claim's start: ``now``, or the start
-        of a locked bucket's current window if a claim with a clock ahead of ours
-        already opened it. Either way ``started_at`` lies in the window its start was
-        counted in, so the starts per window can be checked from the jobs themselves.
-        """
-        now, limit, queues, tasks = request.now, request.limit, request.queues, request.tasks
-        unlimited = [task for task in tasks if task not in limited]
-        window = 2 * limit + 8
-
-        def bucket(row: Any) -> Bucket:
-            return bucket_of(row.task, row.concurrency_key, limited[row.task])
-
-        # 1. Which buckets, from an unlocked look.
-        wanted: set[Bucket] = set()
-        full: set[Bucket] = set()
-        free: dict[Bucket, int] = {}
-        for _ in range(_ROUNDS):
-            rows = conn.execute(
-                _candidates(now, window, queues, tasks, _excluding(full, limited))
-            ).all()
-            fresh = list({bucket(r) for r in rows if r.task in limited} - set(free))
-            running = running_counts(conn, fresh, limited)
-            rates = rate_rows(conn, fresh)
-            for b in fresh:
-                free[b] = free_slots(b, limited[b[0]], running, rates, now)
-            left, taken = dict(free), 0
-            for row in rows:
-                if row.task not in limited:
-                    taken += 1
-                elif left[bucket(row)] > 0:
-                    left[bucket(row)] -= 1
-                    wanted.add(bucket(row))
-                    taken += 1
-            full |= {b for b, n in left.items() if n <= 0}
-            if taken >= limit or len(rows) < window:
-                break
-
-        # 2. Lock the buckets, then count what is free in each.
-        buckets = sorted(wanted, key=bucket_name)
-        locked = self.lock_buckets(conn, [bucket_name(b) for b in buckets])
-        start = max([now, *(r.window_start for r in locked.values() if r.window_start)])
-        running = running_counts(conn, buckets, limited)
-        free = {
-            # A bucket whose row we do not hold (none is ever deleted) is left alone.
-            b: free_slots(b, limited[b[0]], running, locked, start)
-            if bucket_name(b) in locked
-            else 0
-            for b in buckets
-        }
-
-        # 3. Lock candidates from the open buckets and the unlimited tasks; take in order.
-        chosen: list[int] = []
-        took: dict[Bucket, int] = {}
-        seen: list[int] = []
-        for _ in range(_ROUNDS):
-            open_ = [b for b in buckets if free[b] > 0]
-            if not unlimited and not open_:
-                break
-            allowed = sa.or_(
-                jobs.c.task.in_(unlimited), *(bucket_where(b, limited[b[0]]) for b in open_)
-            )
-            if seen:
-                allowed = sa.and_(allowed, jobs.c.id.not_in(seen))
-            asked = 2 * (limit - len(chosen)) + 8
-            stmt = _candidates(now, asked, queues, tasks, allowed)
-            rows = conn.execute(stmt.with_for_update(skip_locked=self.skip_locked)).all()
-            for row in rows:
-                seen.append(row.id)
-                if len(chosen) == limit:
-                    break
-                if row.task not in limited:
-                    chosen.append(row.id)
-                    continue
-                b = bucket(row)
-                if free.get(b, 0) > 0:
-                    free[b] -= 1
-                    took[b] = took.get(b, 0) + 1
-                    chosen.append(row.id)
-            if len(chosen) == limit or len(rows) < asked:
-                break
-        if not chosen:
-            return []
-        for b, n in took.items():
-            lim = limited[b[0]]
-            if lim.rate is not None:
-                assert lim.period is not None
-                name = bucket_name(b)
-                counted = starts_in_window(locked.get(name), lim, start)
-                conn.execute(
-                    sa.update(limits_table)
-                    .where(limits_table.c.name == name)
-                    .values(window_start=window_start(start, lim.period), starts=counted + n)
-                )
-        return self.mark_claimed(
-            conn, chosen, worker_id=request.worker_id, token=request.token, now=start
-        )
+    def lock_candidates(self, candidates: sa.Select[Any]) -> sa.Select[Any]:
+        """``candidates``, locking the rows it reads until the transaction ends and
+        skipping those another claim holds, where the database can (``skip_locked``);
+        SQLite renders no lock: ``BEGIN IMMEDIATE`` already made us its only writer."""
+        return candidates.with_for_update(skip_locked=self.skip_locked)
 
     def lock_buckets(self, conn: Connection, names: Sequence[str]) -> dict[str, Any]:
         """Create the rows of ``names`` in ``sqlqueue_limits`` if missing and lock them,
@@ -434,7 +289,8 @@ class DialectOps:
     def mark_claimed(
         self, conn: Connection, ids: Sequence[int], *, worker_id: str, token: str, now: datetime
     ) -> list[Any]:
-        """Mark the locked pending jobs ``ids`` running; return them in claim order."""
+        """Mark those of the jobs ``ids`` that are still pending running; return them in
+        claim order. The caller holds their locks, or takes one job by id (eager mode)."""
         stmt = (
             sa.update(jobs)
             .where(jobs.c.id.in_(ids), jobs.c.status == PENDING)
@@ -442,6 +298,22 @@ class DialectOps:
             .returning(*CLAIM_COLUMNS)
         )
         return sorted(conn.execute(stmt).all(), key=claim_order)
+
+    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert jobs without idempotency keys, in one transaction; their ids, in the
+        order of ``rows``."""
+        if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+            # One multi-row INSERT ... RETURNING per page of rows (SQLAlchemy's
+            # "insertmanyvalues"), ids matched to rows whatever order the database uses.
+            result = conn.execute(
+                sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rows
+            )
+            return [int(job_id) for job_id in result.scalars()]
+        # No RETURNING for many rows (MySQL): still one transaction, a row at a time.
+        return [
+            int(conn.execute(sa.insert(jobs), row).inserted_primary_key[0])  # type: ignore[index]
+            for row in rows
+        ]
 
     def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
         """Insert a job; return its id, or ``None`` if its idempotency key already exists."""
@@ -451,3 +323,25 @@ class DialectOps:
         """Insert an effect key; ``False`` if it was reserved before."""
         values = {"key": key, "job_id": job_id, "created_at": now}
         return insert_once(type(self).insert, conn, effects.c.key, values) is not None
+
+
+class ServerOps(DialectOps):
+    """A database server (PostgreSQL, MariaDB, MySQL), as opposed to a file on this host."""
+
+    def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        found = dict(options)
+        found.setdefault("pool_pre_ping", True)
+        # The claim's SKIP LOCKED reasoning assumes READ COMMITTED (MariaDB's default is
+        # REPEATABLE READ, whose snapshot would hide rows committed meanwhile).
+        found.setdefault("isolation_level", "READ COMMITTED")
+        return found
+
+    def diagnose(self, conn: Connection) -> list[Finding]:
+        """The server's version, or why the queue refuses it (:meth:`check_server`)."""
+        version = ".".join(map(str, conn.dialect.server_version_info or ()))
+        try:
+            self.check_server(conn)
+        except SQLQueueError as exc:
+            return [Finding(FAIL, str(exc), "upgrade the database server")]
+        # dialect.name: the database as the user knows it, not a test of which one it is.
+        return [Finding(OK, f"{conn.dialect.name} {version} with SKIP LOCKED")]

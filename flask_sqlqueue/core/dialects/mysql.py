@@ -7,6 +7,7 @@ caller's transaction; the row locks keep other claimers off until it commits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -21,9 +22,7 @@ from ..models import jobs
 from ..models import limits as limits_table
 from .base import CLAIM_COLUMNS
 from .base import PENDING
-from .base import ClaimRequest
-from .base import DialectOps
-from .base import claim_candidates
+from .base import ServerOps
 from .base import claim_order
 from .base import claim_values
 
@@ -31,7 +30,7 @@ _STATEMENT_ROOM = 64 * 1024
 _ESCAPED = ("\\", "'", '"', "\0", "\n", "\r", "\x1a")
 
 
-class MySQLOps(DialectOps):
+class MySQLOps(ServerOps):
     name = "mysql"
     clock_query = "SELECT UTC_TIMESTAMP(6)"
     # The whole statement must fit in one packet: MariaDB's default max_allowed_packet,
@@ -78,14 +77,21 @@ class MySQLOps(DialectOps):
         elapsed = sa.func.timestampdiff(sa.literal_column("MICROSECOND"), start, end)
         return sa.type_coerce(elapsed / 1e6, sa.Float)
 
-    def claim_plain(self, conn: Connection, request: ClaimRequest) -> list[Any]:
-        candidates = claim_candidates(request.now, request.limit, request.queues, request.tasks)
-        ids = [row.id for row in conn.execute(candidates.with_for_update(skip_locked=True))]
+    def take(
+        self,
+        conn: Connection,
+        candidates: sa.Select[tuple[int]],
+        *,
+        now: datetime,
+        limit: int,
+        worker_id: str,
+        token: str,
+    ) -> list[Any]:
+        locked = _locked_skipping(candidates)
+        ids = [row.id for row in conn.execute(locked, {"now": now, "limit": limit})]
         if not ids:
             return []
-        return self.mark_claimed(
-            conn, ids, worker_id=request.worker_id, token=request.token, now=request.now
-        )
+        return self.mark_claimed(conn, ids, worker_id=worker_id, token=token, now=now)
 
     def mark_claimed(
         self, conn: Connection, ids: Sequence[int], *, worker_id: str, token: str, now: datetime
@@ -134,6 +140,13 @@ _DEADLOCK = 1213  # ER_LOCK_DEADLOCK: the server rolled the transaction back
 # max_allowed_packet is as often seen as a lost connection (the server closes it while
 # the client still sends); the worker tells that apart by the database answering others.
 _TOO_LARGE = (1153, 1301)
+
+
+@functools.lru_cache(maxsize=64)
+def _locked_skipping(candidates: sa.Select[tuple[int]]) -> sa.Select[tuple[int]]:
+    # Built once per candidates statement, as the other databases' claims are. (Only
+    # here: skip_locked stays False, so a limited claim locks its candidates blocking.)
+    return candidates.with_for_update(skip_locked=True)
 
 
 def _errno(exc: BaseException) -> object:

@@ -12,10 +12,10 @@ the truth, so a notification lost while reconnecting costs at most one poll inte
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from datetime import datetime
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -23,8 +23,9 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine
 
 from ...exceptions import UnsupportedDatabase
-from .base import ClaimRequest
-from .base import DialectOps
+from ..models import jobs
+from .base import ServerOps
+from .base import claim_update
 
 CHANNEL = "sqlqueue_jobs"
 log = logging.getLogger("flask_sqlqueue.worker")
@@ -39,7 +40,7 @@ _CLAIM_PLANNER = (
 _PLANNED = "sqlqueue_claim_planner"  # in Connection.info: set for the whole session
 
 
-class PostgresOps(DialectOps):
+class PostgresOps(ServerOps):
     name = "postgresql"
     insert = staticmethod(pg_insert)
     skip_locked = True
@@ -56,13 +57,15 @@ class PostgresOps(DialectOps):
                 supported=["postgresql>=9.5", "mariadb>=10.6", "mysql>=8.0", "sqlite>=3.35"],
             )
 
-    def claim_plain(self, conn: Connection, request: ClaimRequest) -> list[Any]:
+    def before_claim(self, conn: Connection) -> None:
         # A queue table's statistics lag behind it (a burst of enqueues, then a drain).
         # Planned from them, a claim could read and sort every pending job, each time;
         # walking the claim index in order suits a claim of a few rows at any size.
         if not conn.info.get(_PLANNED):
             conn.exec_driver_sql(_CLAIM_PLANNER.format(local="true"))
-        return super().claim_plain(conn, request)
+
+    def claim_statement(self, candidates: sa.Select[tuple[int]]) -> sa.Update:
+        return _claim_any(candidates)
 
     def prepare_writer(self, conn: Connection) -> None:
         # The worker's own connection, out of the pool: set once for its whole session.
@@ -122,3 +125,17 @@ class PostgresOps(DialectOps):
             finally:
                 if raw is not None:
                     raw.invalidate()  # a LISTENing autocommit connection must not be reused
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_any(candidates: sa.Select[tuple[int]]) -> sa.Update:
+    # ``= ANY(ARRAY(subquery))`` runs the subquery exactly once (an InitPlan).
+    # PostgreSQL may re-run an ``IN (subquery)`` for every outer row (a nested-loop
+    # semi join), and with SKIP LOCKED each run finds rows the previous one locked
+    # past: ``LIMIT 1`` then claimed every pending job.
+    # No outer status test: locking a row that changed since the snapshot re-checks
+    # the subquery's WHERE on its newest version (and skips it if no longer pending),
+    # and the lock keeps it so. A test here also let PostgreSQL, with stale
+    # statistics, find the rows by scanning every pending one instead of by id.
+    locked = candidates.with_for_update(skip_locked=True).scalar_subquery()
+    return claim_update(jobs.c.id == sa.any_(sa.func.array(locked)))

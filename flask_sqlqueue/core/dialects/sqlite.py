@@ -5,14 +5,18 @@ single write lock up front: two workers can never both read the same pending row
 then both update it, and a writer never fails half-way with SQLITE_BUSY on lock
 upgrade (it waits up to the busy timeout at BEGIN instead). Reads run in plain
 deferred transactions so they never wait for writers (WAL lets them run side by side).
-The claim is the shared single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``.
+The claim is a single ``UPDATE … WHERE id IN (SELECT … LIMIT n) RETURNING``.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import sqlite3
 import threading
+from collections.abc import Mapping
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,7 +28,13 @@ from sqlalchemy.engine import Engine
 from ...config import Settings
 from ...exceptions import ConfigurationError
 from .. import wakeup
+from ..diagnosis import FAIL
+from ..diagnosis import OK
+from ..diagnosis import WARN
+from ..diagnosis import Finding
+from ..models import jobs
 from .base import DialectOps
+from .base import claim_update
 
 _READ = "sqlqueue_read"
 MIN_VERSION = (3, 35)
@@ -35,6 +45,7 @@ class SQLiteOps(DialectOps):
     insert = staticmethod(sqlite_insert)
     # One writer at a time (BEGIN IMMEDIATE): there is nothing to skip.
     skip_locked = False
+    single_writer = True
     value_limit_source = "SQLite (its SQLITE_LIMIT_LENGTH)"
 
     def value_limit(self, conn: Connection) -> int:
@@ -44,6 +55,30 @@ class SQLiteOps(DialectOps):
         if getlimit is None:
             return self.default_value_limit
         return int(getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+
+    def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
+        if url.database in (None, "", ":memory:"):
+            raise ValueError(
+                "An in-memory SQLite database cannot be shared by a worker; "
+                "use a file: sqlite:///path/to/queue.db"
+            )
+        os.makedirs(os.path.dirname(os.path.abspath(url.database)) or ".", exist_ok=True)
+        return dict(options)
+
+    @classmethod
+    def identity(cls, url: sa.URL) -> str:
+        return "sqlite:" + os.path.realpath(url.database or ":memory:")
+
+    def database_file(self, url: sa.URL) -> str | None:
+        return os.path.abspath(url.database or "")
+
+    def wake_dir(self, url: sa.URL) -> Path | None:
+        return wakeup.wake_dir(url.database or "")
+
+    def busy_error(self, reason: str) -> Exception:
+        return sa.exc.OperationalError(
+            "BEGIN IMMEDIATE", None, sqlite3.OperationalError(f"database is locked ({reason})")
+        )
 
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         if sqlite3.sqlite_version_info < MIN_VERSION:
@@ -77,11 +112,63 @@ class SQLiteOps(DialectOps):
             else:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+    def claim_statement(self, candidates: sa.Select[tuple[int]]) -> sa.Update:
+        return _claim_in(candidates)
+
     def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
-        wakeup.listen(wakeup.wake_dir(engine.url.database or ""), wake, stop)
+        wakeup.listen(self.wake_dir(engine.url), wake, stop)
 
     def read_options(self) -> dict[str, Any]:
         return {_READ: True}
+
+    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        # SQLAlchemy cannot match RETURNING rows to parameters on SQLite, so with
+        # sort_by_parameter_order it inserts a row at a time. It need not: under the
+        # single write lock each row gets the next rowid in insert order (with
+        # AUTOINCREMENT, one past the largest ever given), so the ids in ascending
+        # order are the rows' ids in order.
+        result = conn.execute(sa.insert(jobs).returning(jobs.c.id), rows)
+        return sorted(int(job_id) for job_id in result.scalars())
+
+    def diagnose(self, conn: Connection) -> list[Finding]:
+        found = [Finding(OK, f"SQLite {sqlite3.sqlite_version}")]
+        journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar_one()
+        synchronous = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
+        busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one()
+        if str(journal).lower() == "wal":
+            found.append(Finding(OK, "journal_mode=wal"))
+        else:
+            found.append(
+                Finding(
+                    FAIL,
+                    f"journal_mode={journal}",
+                    "the queue sets WAL itself; is the file "
+                    "on a filesystem without shared memory (NFS, SMB)?",
+                )
+            )
+        names = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+        level = names.get(int(synchronous), str(synchronous))
+        if int(synchronous) >= 2:
+            found.append(Finding(OK, f"synchronous={level}: a committed job survives power loss"))
+        else:
+            found.append(
+                Finding(
+                    WARN,
+                    f"synchronous={level}: the last commits may be lost on power loss",
+                    "SQLQUEUE_SQLITE_SYNCHRONOUS = 'FULL'",
+                )
+            )
+        if int(busy) > 0:
+            found.append(Finding(OK, f"busy_timeout={busy} ms"))
+        else:
+            found.append(
+                Finding(
+                    FAIL,
+                    "busy_timeout=0: writers fail at once when another holds the lock",
+                    "SQLQUEUE_SQLITE_BUSY_TIMEOUT = 30",
+                )
+            )
+        return found
 
     def add_seconds(
         self, moment: sa.ColumnElement[datetime], seconds: sa.ColumnElement[int]
@@ -100,3 +187,10 @@ class SQLiteOps(DialectOps):
         # julianday()'s floating point days.
         days = sa.func.julianday(end) - sa.func.julianday(start)
         return sa.type_coerce(sa.func.round(days * 86_400_000.0) / 1000.0, sa.Float)
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_in(candidates: sa.Select[tuple[int]]) -> sa.Update:
+    # One writer and one statement: the subquery's rows are still pending, and an outer
+    # status test would make SQLite scan every pending row.
+    return claim_update(jobs.c.id.in_(candidates.scalar_subquery()))

@@ -1,0 +1,242 @@
+"""What a call to enqueue says, checked before anything is written: its options, its
+arguments against the task's signature, and the row a new job is.
+
+Values only, no database: the store writes what :func:`job_values` makes, tasks keep
+their defaults as :class:`EnqueueOptions`, and :func:`.enqueue.enqueue` checks each
+:class:`Call` with these before it writes anything.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Callable
+from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
+from datetime import UTC
+from datetime import datetime
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.orm import Session
+from sqlalchemy.orm import scoped_session
+
+from ..bounds import EARLIEST_RUN_AT
+from ..bounds import LATEST_RUN_AT
+from ..bounds import RUN_AT_RANGE
+from ..bounds import longest_delay
+from .models import JobStatus
+
+_QUEUE_NAME = re.compile(r"[\w.:-]{1,100}")
+_INT32 = 2**31
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """Per-call options; ``None`` means "the task's default"."""
+
+    queue: str | None = None
+    priority: int | None = None
+    delay: float | timedelta | None = None
+    run_at: datetime | None = None
+    max_attempts: int | None = None
+    idempotency_key: str | None = None
+    session: Session | scoped_session[Any] | Connection | None = None
+    #: The key a task's ``concurrency_key`` gave for this call's arguments (limits.py).
+    concurrency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        check_options(
+            queue=self.queue,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+        )
+        if self.delay is not None and self.run_at is not None:
+            raise ValueError("Pass delay or run_at, not both.")
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime):
+                raise TypeError(f"run_at must be a datetime, got {self.run_at!r}.")
+            if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
+                raise ValueError(
+                    f"run_at={self.run_at!r} has no timezone; pass an aware datetime "
+                    "such as datetime.now(UTC) + timedelta(...)."
+                )
+        # Checked again against the database's clock when the job is written.
+        due_time(self, datetime.now(UTC))
+        key = self.idempotency_key
+        if key is not None:
+            check_key(key, "idempotency_key")
+        if self.session is not None and not isinstance(
+            self.session, Session | scoped_session | Connection
+        ):
+            raise TypeError(
+                "session must be a SQLAlchemy Session (or a scoped_session such as "
+                f"Flask-SQLAlchemy's db.session) or Connection, got {self.session!r}."
+            )
+
+    def merged(self, other: EnqueueOptions) -> EnqueueOptions:
+        """These options with every value ``other`` sets taking precedence."""
+        values = {
+            name: getattr(other, name) if getattr(other, name) is not None else getattr(self, name)
+            for name in self.__dataclass_fields__
+        }
+        if other.delay is not None:
+            values["run_at"] = None
+        if other.run_at is not None:
+            values["delay"] = None
+        return EnqueueOptions(**values)
+
+
+def check_options(
+    *, queue: str | None = None, priority: int | None = None, max_attempts: int | None = None
+) -> None:
+    """Refuse a bad queue name, priority or attempt count with a message naming it."""
+    if queue is not None and (not isinstance(queue, str) or not _QUEUE_NAME.fullmatch(queue)):
+        raise ValueError(
+            f"queue={queue!r} is not a valid queue name: use 1-100 letters, digits, "
+            "'_', '-', '.' or ':'."
+        )
+    if priority is not None and (type(priority) is not int or not -_INT32 <= priority < _INT32):
+        raise TypeError(f"priority={priority!r} must be a whole number (32-bit).")
+    if max_attempts is not None and (
+        type(max_attempts) is not int or not 1 <= max_attempts < _INT32
+    ):
+        raise ValueError(f"max_attempts={max_attempts!r} must be a whole number >= 1.")
+
+
+def check_key(key: object, what: str) -> str:
+    if not isinstance(key, str) or not 1 <= len(key) <= 255 or "\x00" in key:
+        raise ValueError(f"{what}={key!r} must be a string of 1-255 characters without NUL.")
+    return key
+
+
+def check_task_name(name: object) -> str:
+    if not isinstance(name, str) or not 1 <= len(name) <= 255:
+        raise ValueError(f"Task name {name!r} must be a string of 1-255 characters.")
+    return name
+
+
+def _delay_seconds(delay: float | timedelta) -> float:
+    """The delay in seconds; ``inf`` for one too long for a float (refused by the caller)."""
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, int | float) and not isinstance(delay, bool):
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
+    else:
+        raise TypeError(f"delay={delay!r} must be seconds or a timedelta.")
+    if not seconds >= 0:  # NaN too
+        raise ValueError(f"delay={delay!r} must be zero or more seconds.")
+    return seconds
+
+
+def due_time(options: EnqueueOptions, now: datetime) -> datetime:
+    """When a job with these options is due, ``now`` being the database's time.
+
+    :raises ValueError: ``run_at``, or ``now`` plus ``delay``, is outside the times the
+        queue stores (:data:`~flask_sqlqueue.bounds.EARLIEST_RUN_AT` to
+        :data:`~flask_sqlqueue.bounds.LATEST_RUN_AT`).
+    """
+    if options.run_at is not None:
+        try:
+            run_at = options.run_at.astimezone(UTC)
+        except OverflowError:  # 9999-12-31 23:00 at UTC-5 is in the year 10000 in UTC
+            run_at = None
+        if run_at is None or not EARLIEST_RUN_AT <= run_at <= LATEST_RUN_AT:
+            raise ValueError(
+                f"run_at={options.run_at.isoformat()} is outside the times the queue "
+                f"stores, {RUN_AT_RANGE}; pass a time in that range."
+            )
+        return run_at
+    if options.delay is not None:
+        seconds = _delay_seconds(options.delay)
+        if seconds > longest_delay(now):
+            raise ValueError(
+                f"delay={options.delay!r} would make the job due after "
+                f"{LATEST_RUN_AT:%Y-%m-%d} (UTC), the latest run_at the queue stores; "
+                "pass a shorter delay."
+            )
+        return now + timedelta(seconds=seconds)
+    return now
+
+
+def job_values(
+    task: str,
+    payload: str,
+    options: EnqueueOptions,
+    *,
+    default_max_attempts: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """The full row for a new job; ``options`` must already carry the task's defaults.
+
+    :raises ValueError: the job would be due at a time the queue cannot store.
+    """
+    run_at = due_time(options, now)
+    return {
+        "queue": options.queue or "default",
+        "task": task,
+        "payload": payload,
+        "status": JobStatus.PENDING.value,
+        "attempts": 0,
+        "max_attempts": options.max_attempts or default_max_attempts,
+        "rescues": 0,
+        "releases": 0,
+        "priority": options.priority or 0,
+        "run_at": run_at,
+        "created_at": now,
+        "updated_at": now,
+        "idempotency_key": options.idempotency_key,
+        "concurrency_key": options.concurrency_key,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One job for :meth:`Task.enqueue_many`: its arguments, and its own idempotency key.
+
+    ``send.enqueue_many([Call(["a@example.com", 1]), Call(kwargs={"email": "b@example.com",
+    "report_id": 2}, idempotency_key="report-2")])``. A plain ``(args, kwargs)`` tuple
+    works too where no key is needed.
+    """
+
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: At most one job per key, as ``.using(idempotency_key=...)`` gives one call.
+    idempotency_key: str | None = None
+
+
+#: What ``enqueue_many`` takes for each job.
+CallLike = Call | tuple[Sequence[Any], Mapping[str, Any]]
+
+
+# -- the arguments against the task's signature --------------------------------------------
+
+
+def signature_of(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature calls of ``fn`` are checked against; ``None`` if it has none to
+    read (some builtins), and then any call is let through."""
+    try:
+        return inspect.signature(fn)
+    except ValueError:
+        return None
+
+
+def misfit(
+    signature: inspect.Signature | None, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> str | None:
+    """Why a function with ``signature`` could not be called with these arguments
+    (``"missing a required argument: 'b'"``), or ``None`` if it could."""
+    if signature is None:
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        return str(exc)
+    return None
