@@ -105,8 +105,9 @@ def test_busy_storm_never_reports_a_locked_database(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_outage_longer_than_stale_after_burns_no_attempt(tmp_path: Path) -> None:
     # 4 s without the write lock, twice STALE_AFTER: every heartbeat looks stale after it.
-    # A heartbeat starved for STALE_AFTER by a busy machine is a lost worker: both scale.
-    stale_after = scaled(2.0)
+    # A heartbeat starved for STALE_AFTER by a busy machine is a lost worker: both scale,
+    # the outage staying well inside the workers' 30 s SQLite busy timeout.
+    stale_after = min(scaled(2.0), 8.0)
     result = outage(
         SQLITE, tmp_path, jobs=200, job_ms=100, seconds=2 * stale_after, lead=1.0,
         stale_after=stale_after,
