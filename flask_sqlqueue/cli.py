@@ -158,6 +158,9 @@ def _when(value: datetime | None) -> str:
 
 # -- work ------------------------------------------------------------------------------------
 
+#: The flags' defaults are the worker's own: written once, in ``WorkerOptions``.
+WORKER_DEFAULTS = WorkerOptions()
+
 
 @queue_cli.command("work")
 @click.option(
@@ -167,7 +170,7 @@ def _when(value: datetime | None) -> str:
     "--concurrency",
     "-c",
     type=click.IntRange(1, 256),
-    default=1,
+    default=WORKER_DEFAULTS.concurrency,
     show_default=True,
     help="Threads running jobs in this process.",
 )
@@ -175,14 +178,14 @@ def _when(value: datetime | None) -> str:
 @click.option(
     "--poll-interval",
     type=click.FloatRange(0.01, 3600),
-    default=1.0,
+    default=WORKER_DEFAULTS.poll_interval,
     show_default=True,
     help="Seconds between polls while idle.",
 )
 @click.option(
     "--grace",
     type=click.FloatRange(0, 86400),
-    default=30.0,
+    default=WORKER_DEFAULTS.grace,
     show_default=True,
     help="Seconds to let running jobs finish after SIGTERM/SIGINT.",
 )

@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..config import default
 from ..exceptions import SQLQueueError
 from .liveness import BootClock
 from .liveness import BootCutoff
@@ -48,9 +49,9 @@ class Backoff:
     """Delay before the next attempt after attempt ``k`` failed:
     ``min(cap, base * 2**k) + uniform(0, jitter)`` seconds."""
 
-    base: float = 30.0
-    cap: float = 3600.0
-    jitter: float = 20.0
+    base: float = default("SQLQUEUE_BACKOFF_BASE")
+    cap: float = default("SQLQUEUE_BACKOFF_CAP")
+    jitter: float = default("SQLQUEUE_BACKOFF_JITTER")
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         exponential = self.base * 2.0 ** min(attempt, 64)
