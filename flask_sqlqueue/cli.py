@@ -13,14 +13,12 @@ from collections.abc import Collection
 from datetime import datetime
 from datetime import timedelta
 from types import FrameType
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 
 import click
 import sqlalchemy as sa
 from click.core import ParameterSource
-from flask import current_app
 from flask.cli import AppGroup
 from flask.cli import ScriptInfo
 
@@ -31,10 +29,11 @@ from .core import retention
 from .core.models import JobStatus
 from .core.tasks import task_timeouts
 from .core.worker import WorkerOptions
+from .exceptions import QueueNotSetUp
 from .exceptions import SQLQueueError
-
-if TYPE_CHECKING:
-    from .extension import _State
+from .extension import QueueState
+from .extension import queue_state
+from .extension import resolve_app
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,15 +46,12 @@ db_cli = AppGroup("db", help="Create and upgrade the queue's own tables (Alembic
 queue_cli.add_command(db_cli)
 
 
-def _state(check_schema: bool = True) -> _State:
-    state: _State | None = current_app.extensions.get("sqlqueue")
-    if state is None:
-        raise click.ClickException("SQLQueue is not set up on this app; call queue.init_app(app).")
+def _state(check_schema: bool = True) -> QueueState:
+    """The app's queue state, its schema checked unless told not to. Its errors, as every
+    command's, become one-line CLI errors through :func:`_clean_errors`."""
+    state = queue_state()
     if check_schema:
-        try:
-            state.ensure_schema()
-        except SQLQueueError as exc:
-            raise click.ClickException(_one_line(exc)) from None
+        state.ensure_schema()
     return state
 
 
@@ -66,8 +62,10 @@ _NOT_THE_ERROR = re.compile(r"^\s*(\[SQL: |\[parameters: |\(Background on this e
 
 def _database() -> str:
     """Which database a database error came from (the password hidden)."""
-    state: _State | None = current_app.extensions.get("sqlqueue")
-    return "database error" if state is None else f"database error on {state.store.engine.url!r}"
+    try:
+        return f"database error on {queue_state().store.engine.url!r}"
+    except QueueNotSetUp:
+        return "database error"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -232,20 +230,19 @@ def work_command(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
     logging.getLogger("flask_sqlqueue").setLevel(logging.INFO)
-    options = WorkerOptions(
+    options = state.worker_options(
         queues=tuple(dict.fromkeys(queues)),
         concurrency=concurrency,
         poll_interval=poll_interval,
-        stale_after=state.settings.stale_after,
         grace=grace,
         processes=processes or 0,
     )
     loader = None
-    if processes or any(task.isolate for task in state.queue.registry.values()):
+    if processes or any(task.isolate for task in state.registry.values()):
         from .processes import AppLoader
 
         loader = AppLoader.from_script_info(ctx.ensure_object(ScriptInfo))
-    worker = state.queue.worker(options, current_app._get_current_object(), loader=loader)  # type: ignore[attr-defined]
+    worker = state.queue.worker(options, resolve_app(), loader=loader)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if worker.stopping:
@@ -304,7 +301,7 @@ def status_command() -> None:
         click.echo(
             f"warning: jobs with unknown status {status!r}; no worker touches them.", err=True
         )
-    _echo_unserved(cover, state.queue.registry)
+    _echo_unserved(cover, state.registry)
     _echo_schedules(state, now)
     _echo_controls(state, now)
     policy = retention.RetentionPolicy.from_settings(state.settings)
@@ -316,14 +313,14 @@ def _echo_unserved(cover: queries.Coverage, registered: Collection[str]) -> None
         click.echo(f"warning: {what}; {fix}.", err=True)
 
 
-def _echo_controls(state: _State, now: datetime) -> None:
+def _echo_controls(state: QueueState, now: datetime) -> None:
     """Paused queues, and every limited task's buckets, under ``flask queue status``."""
     from .core import limits
     from .core.queues import paused_queues
 
     with state.store.read() as conn:
         paused = paused_queues(conn)
-        buckets = limits.describe(conn, state.queue.registry, now)
+        buckets = limits.describe(conn, state.registry, now)
         stopping = queries.cancel_requested_running(conn)
     if stopping:
         shown = ", ".join(str(job_id) for job_id in stopping[:10])
@@ -336,17 +333,17 @@ def _echo_controls(state: _State, now: datetime) -> None:
         click.echo(f"paused {name}: since {_when(since)} UTC (no worker claims its jobs)")
     for info in buckets:
         click.echo(f"limit {info.label}: {info.summary}")
-    for name, timeout, isolated in task_timeouts(state.queue.registry):
+    for name, timeout, isolated in task_timeouts(state.registry):
         limit = "no timeout" if timeout is None else f"timeout {timeout:g}s"
         where = "enforced (isolate=True)" if isolated else "enforced only with --processes"
         click.echo(f"task {name}: {limit}, {where}")
 
 
-def _echo_schedules(state: _State, now: datetime) -> None:
+def _echo_schedules(state: QueueState, now: datetime) -> None:
     """One line per periodic task under ``flask queue status``."""
     from .core import periodic
 
-    for info in periodic.describe(state.store, state.queue.registry, now):
+    for info in periodic.describe(state.store, state.registry, now):
         click.echo(
             f"periodic {info.schedule.task}: {info.schedule.expression!r} "
             f"({info.schedule.timezone}), next {_when(info.next_run) or 'never'} UTC"
@@ -435,7 +432,7 @@ def show_command(job_id: int) -> None:
         ("cancel request", _when(job.cancel_requested_at) or "-"),
         ("last error", job.last_error or "-"),
     ]
-    registered = state.queue.registry.get(job.task)
+    registered = state.registry.get(job.task)
     if registered is not None and (registered.timeout is not None or registered.isolate):
         fields.insert(-1, ("timeout", _timeout_text(registered.timeout, registered.isolate)))
     width = max(len(name) for name, _ in fields)
@@ -629,7 +626,7 @@ def _pause_or_resume(names: tuple[str, ...], every: bool, *, paused: bool) -> No
     if bool(names) == every:
         raise click.UsageError("Give queue names or --all, not both and not neither.")
     state = _state()
-    declared = {task.options.queue or "default" for task in state.queue.registry.values()}
+    declared = {task.options.queue or "default" for task in state.registry.values()}
     if every:
         with state.store.read() as conn:
             names = tuple(
@@ -680,8 +677,8 @@ def enqueue_command(
     args = _json_arg("--args", args_json, list, "array")
     kwargs = _json_arg("--kwargs", kwargs_json, dict, "object")
     state = _state()
-    if task not in state.queue.registry:  # listing the names: the CLI has no opt-out
-        known = ", ".join(sorted(state.queue.registry)) or "none"
+    if task not in state.registry:  # listing the names: the CLI has no opt-out
+        known = ", ".join(sorted(state.registry)) or "none"
         raise click.ClickException(f"No task {task!r} is registered in this app (known: {known}).")
     job = state.queue.enqueue(
         task, args, kwargs, queue=queue, priority=priority, delay=delay,
@@ -714,7 +711,7 @@ def periodic_command() -> None:
     from .core import periodic
 
     state = _state()
-    infos = periodic.describe(state.store, state.queue.registry)
+    infos = periodic.describe(state.store, state.registry)
     if not infos:
         click.echo("No periodic tasks; declare one with @queue.periodic('*/5 * * * *').")
         return
@@ -750,7 +747,7 @@ def doctor_command() -> None:
     from .doctor import diagnose
 
     state = _state(check_schema=False)
-    findings = diagnose(state.store, state.queue.registry)
+    findings = diagnose(state.store, state.registry)
     for finding in findings:
         line = f"{finding.level:<4}  {finding.message}"
         click.echo(line + (f"\n      fix: {finding.fix}" if finding.fix else ""))
@@ -772,7 +769,7 @@ def db_upgrade_command(revision: str) -> None:
       flask queue db upgrade
     """
     state = _state(check_schema=False)
-    state._schema_ok = False  # re-check on next use in this process
+    state.schema_changed()  # re-check on next use in this process
     schema.upgrade(state.store.engine, revision)
     click.echo(f"Queue schema at {schema.current(state.store.engine)}.")
 
@@ -788,7 +785,7 @@ def db_downgrade_command(revision: str) -> None:
       flask queue db downgrade base
     """
     state = _state(check_schema=False)
-    state._schema_ok = False  # re-check on next use in this process
+    state.schema_changed()  # re-check on next use in this process
     schema.downgrade(state.store.engine, revision)
     click.echo(f"Queue schema at {schema.current(state.store.engine) or 'base (no tables)'}.")
 

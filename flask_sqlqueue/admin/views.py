@@ -39,8 +39,8 @@ from ..exceptions import SQLQueueError
 from . import csrf
 
 if TYPE_CHECKING:
-    from ..extension import SQLQueue
-    from ..extension import _State
+    from ..extension import QueueExtension
+    from ..extension import QueueState
 
 STATUSES = [status.value for status in JobStatus]
 MAX_ID = 2**63 - 1
@@ -173,10 +173,10 @@ def _ids(values: Sequence[str]) -> list[int]:
     return ids
 
 
-def register(bp: Blueprint, queue: SQLQueue) -> None:
+def register(bp: Blueprint, queue: QueueExtension) -> None:
     """Add the routes, error pages and template helpers to ``bp``."""
 
-    def state() -> _State:
+    def state() -> QueueState:
         st = queue.state()
         st.ensure_schema()
         return st
@@ -242,7 +242,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
     # -- pages ------------------------------------------------------------------------
 
     def worker_rows(
-        st: _State, conn: Connection, now: datetime, running: list[Any]
+        st: QueueState, conn: Connection, now: datetime, running: list[Any]
     ) -> list[dict[str, Any]]:
         fresh = st.store.heartbeat_fresh(st.settings.stale_after, now)
         running_by_worker: dict[str | None, list[Any]] = {}
@@ -523,7 +523,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
 
 
 @contextmanager
-def reading(st: _State) -> Iterator[Connection]:
+def reading(st: QueueState) -> Iterator[Connection]:
     """A read transaction for a page: its statements are planned for their parameters
     (the same statement reads the last hour on one page and the last week on another)."""
     with st.store.read() as conn:
