@@ -24,6 +24,7 @@ from flask.cli import ScriptInfo
 
 from . import schema
 from .core import lifecycle
+from .core import operations
 from .core import queries
 from .core import retention
 from .core.models import JobStatus
@@ -505,13 +506,11 @@ def retry_command(
         raise click.UsageError("Give job ids or --dead, not both and not neither.")
     if (queue or task) and not dead:
         raise click.UsageError("--queue and --task go with --dead.")
-    state = _state()
-    now = state.store.now()
+    store = _state().store
     if dead:
-        n = state.store.run_write(lambda conn: lifecycle.replay_dead(conn, now, queue, task))
+        n = operations.retry_dead(store, queue=queue, task=task)
     else:
-        n = state.store.run_write(lambda conn: lifecycle.replay(conn, job_ids, now))
-    state.store.wake()
+        n = operations.retry(store, job_ids)
     click.echo(f"Replayed {n} job(s).")
 
 
@@ -529,10 +528,7 @@ def cancel_command(job_ids: tuple[int, ...]) -> None:
     Example:
       flask queue cancel 42 43
     """
-    state = _state()
-    now = state.store.now()
-    done = state.store.run_write(lambda conn: lifecycle.cancel_jobs(conn, job_ids, now))
-    click.echo(done.describe())
+    click.echo(operations.cancel(_state().store, job_ids).describe())
 
 
 @queue_cli.command("purge")
@@ -557,12 +553,11 @@ def purge_command(status: str, older_than: str) -> None:
       flask queue purge --status completed --older-than 7d
     """
     age = parse_age(older_than)
-    state = _state()
+    store = _state().store
     try:
-        before = state.store.now() - age
+        n = operations.purge(store, status, age)
     except OverflowError:
         raise click.ClickException(f"{older_than!r} is too long an age.") from None
-    n = state.store.run_write(lambda conn: lifecycle.purge(conn, status, before))
     click.echo(f"Purged {n} {status} job(s).")
 
 
@@ -579,12 +574,10 @@ def rescue_command() -> None:
       flask queue rescue
     """
     state = _state()
-    rescued = state.store.rescue_stale(state.settings.stale_after)
+    rescued = operations.rescue(state.store, state.settings.stale_after)
     for job_id, status, worker in rescued:
         click.echo(f"job {job_id}: worker {worker} lost; now {status}")
     click.echo(f"Rescued {len(rescued)} job(s).")
-    if rescued:
-        state.store.wake()
 
 
 @queue_cli.command("pause")
@@ -621,24 +614,20 @@ def resume_command(names: tuple[str, ...], every: bool) -> None:
 
 
 def _pause_or_resume(names: tuple[str, ...], every: bool, *, paused: bool) -> None:
-    from .core import queues
-
     if bool(names) == every:
         raise click.UsageError("Give queue names or --all, not both and not neither.")
     state = _state()
-    declared = {task.options.queue or "default" for task in state.registry.values()}
     if every:
-        with state.store.read() as conn:
-            names = tuple(
-                sorted(queues.known_queues(conn, declared))
-                if paused
-                else queues.paused_queues(conn)
-            )
+        names = tuple(
+            operations.known_queues(state.store, state.registry)
+            if paused
+            else operations.paused_queues(state.store)
+        )
     names = tuple(dict.fromkeys(names))
     if not names:
         click.echo("No queues to pause." if paused else "No queue is paused.")
         return
-    changed = queues.set_paused(state.store, names, paused=paused, declared=declared)
+    changed = operations.set_paused(state.store, names, paused=paused, registry=state.registry)
     verb = "Paused" if paused else "Resumed"
     for name in names:
         if name in changed:

@@ -33,6 +33,7 @@ from sqlalchemy.orm import scoped_session
 from . import schema
 from .config import DEFAULTS
 from .config import Settings
+from .core import operations
 from .core.enqueue import Call
 from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
@@ -433,9 +434,7 @@ class QueueExtension:
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id as it is now, or ``None``."""
-        state = self.state()
-        state.ensure_schema()
-        return state.store.get_job(job_id)
+        return self._store().get_job(job_id)
 
     def pause(self, name: str) -> bool:
         """Stop every worker, on every host, from claiming jobs of queue ``name``; jobs
@@ -457,20 +456,17 @@ class QueueExtension:
 
     def paused_queues(self) -> dict[str, datetime]:
         """Every paused queue, with the time it was paused."""
-        from .core.queues import paused_queues
-
-        state = self.state()
-        state.ensure_schema()
-        with state.store.read() as conn:
-            return paused_queues(conn)
+        return operations.paused_queues(self._store())
 
     def _set_paused(self, name: str, *, paused: bool) -> bool:
-        from .core.queues import set_paused
+        store = self._store()
+        return bool(operations.set_paused(store, [name], paused=paused, registry=self.registry))
 
+    def _store(self) -> Store:
+        """The current app's store, its schema checked."""
         state = self.state()
         state.ensure_schema()
-        declared = {task.options.queue or "default" for task in self.registry.values()}
-        return bool(set_paused(state.store, [name], paused=paused, declared=declared))
+        return state.store
 
     # -- running --------------------------------------------------------------------------------
 

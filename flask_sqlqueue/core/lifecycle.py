@@ -364,6 +364,11 @@ class Cancellation:
     cancelled: list[int]
     requested: list[int]
 
+    @property
+    def count(self) -> int:
+        """How many jobs were cancelled or asked to stop."""
+        return len(self.cancelled) + len(self.requested)
+
     def describe(self) -> str:
         """One line for the CLI and the admin's flash message."""
         parts = []
@@ -407,12 +412,6 @@ def cancel_jobs(conn: Connection, ids: Sequence[int], now: datetime) -> Cancella
             .values(cancel_requested_at=now, updated_at=now)
         )
     return Cancellation(pending, running)
-
-
-def cancel(conn: Connection, ids: Sequence[int], now: datetime) -> int:
-    """:func:`cancel_jobs`, returning how many jobs it cancelled or asked to stop."""
-    done = cancel_jobs(conn, ids, now)
-    return len(done.cancelled) + len(done.requested)
 
 
 def cancel_requests(conn: Connection, ids: Sequence[int]) -> set[int]:
