@@ -342,10 +342,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def reset(instance_path: str | None) -> None:
     from example_app import create_app
+    from example_app.tasks import queue
 
     app = create_app(instance_path=instance_path)
-    database = app.extensions["sqlqueue"].store.engine.url.database
-    if app.extensions["sqlqueue"].store.engine.dialect.name != "sqlite" or not database:
+    engine = queue.state(app).store.engine
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database:
         raise DemoError("--reset only deletes the SQLite file; drop other databases yourself")
     doomed = [database + suffix for suffix in ("", "-wal", "-shm")]
     doomed += [os.path.join(app.instance_path, name) for name in ("payments.log", "outbox.log")]

@@ -18,6 +18,7 @@ from .exceptions import JobCancelled as JobCancelled
 from .exceptions import PayloadError as PayloadError
 from .exceptions import PayloadTooLarge as PayloadTooLarge
 from .exceptions import PermanentFailure as PermanentFailure
+from .exceptions import QueueNotSetUp as QueueNotSetUp
 from .exceptions import QueueUnavailable as QueueUnavailable
 from .exceptions import ResultTooLarge as ResultTooLarge
 from .exceptions import Retry as Retry
@@ -25,7 +26,7 @@ from .exceptions import SchemaError as SchemaError
 from .exceptions import SQLQueueError as SQLQueueError
 from .exceptions import UnknownQueue as UnknownQueue
 from .exceptions import UnknownTask as UnknownTask
-from .extension import SQLQueue as SQLQueue
+from .facade import SQLQueue as SQLQueue
 
 __version__ = "0.1.0"
 
@@ -42,6 +43,7 @@ __all__ = [
     "PayloadError",
     "PayloadTooLarge",
     "PermanentFailure",
+    "QueueNotSetUp",
     "QueueUnavailable",
     "ResultTooLarge",
     "Retry",

@@ -157,6 +157,16 @@ KEYS: dict[str, Key] = {
 DEFAULTS: dict[str, Any] = {name: key.default for name, key in KEYS.items()}
 
 
+def default(name: str) -> Any:
+    """The default of key ``name`` as :class:`Settings` holds it (read as its type: the
+    7-day ``timedelta`` of ``SQLQUEUE_KEEP_COMPLETED`` is 604800.0 seconds).
+
+    :data:`KEYS` is the one place a default is written; :class:`Settings`, the core's
+    ``Backoff`` and ``WorkerOptions`` take theirs from here.
+    """
+    return KEYS[name].read(KEYS[name].default)
+
+
 def read(config: Mapping[str, Any], name: str) -> Any:
     """The value of key ``name`` in ``config`` (or its default), read as its type.
 
@@ -189,25 +199,26 @@ def check_keys(config: Mapping[str, Any]) -> None:
 class Settings:
     """The queue's configuration for one app, validated and frozen."""
 
+    # Each default is its key's, from KEYS: written once, there.
     database_uri: str
     engine_options: Mapping[str, Any] = field(default_factory=dict)
-    max_attempts: int = 5
-    backoff_base: float = 30.0
-    backoff_cap: float = 3600.0
-    backoff_jitter: float = 20.0
-    stale_after: float = 60.0
-    eager: bool = False
-    sqlite_synchronous: str = "FULL"
-    sqlite_busy_timeout: float = 30.0
+    max_attempts: int = default("SQLQUEUE_MAX_ATTEMPTS")
+    backoff_base: float = default("SQLQUEUE_BACKOFF_BASE")
+    backoff_cap: float = default("SQLQUEUE_BACKOFF_CAP")
+    backoff_jitter: float = default("SQLQUEUE_BACKOFF_JITTER")
+    stale_after: float = default("SQLQUEUE_STALE_AFTER")
+    eager: bool = default("SQLQUEUE_EAGER")
+    sqlite_synchronous: str = default("SQLQUEUE_SQLITE_SYNCHRONOUS")
+    sqlite_busy_timeout: float = default("SQLQUEUE_SQLITE_BUSY_TIMEOUT")
     #: Seconds completed and cancelled jobs are kept after they finish; None: forever.
-    keep_completed: float | None = 7 * 86400.0
+    keep_completed: float | None = default("SQLQUEUE_KEEP_COMPLETED")
     #: Seconds dead jobs are kept after they went dead; None: forever.
-    keep_dead: float | None = 30 * 86400.0
+    keep_dead: float | None = default("SQLQUEUE_KEEP_DEAD")
     #: Seconds an effect key is kept after it was reserved, and only once its job is
     #: gone too; None: forever.
-    keep_effects: float | None = None
+    keep_effects: float | None = default("SQLQUEUE_KEEP_EFFECTS")
     #: Seconds between two pruning rounds of one worker.
-    prune_interval: float = 60.0
+    prune_interval: float = default("SQLQUEUE_PRUNE_INTERVAL")
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any], instance_path: str) -> Settings:

@@ -21,6 +21,25 @@ class ConfigurationError(SQLQueueError):
     """The extension or a ``SQLQUEUE_*`` setting is set up wrongly."""
 
 
+class QueueNotSetUp(ConfigurationError, RuntimeError):
+    """The queue's state for an app cannot be found: there is no app, ``init_app`` was
+    not called on it, or another ``SQLQueue`` serves it. A ``RuntimeError``, as
+    Flask's own "working outside of application context" is."""
+
+    #: The message when there is no app context and no app was passed.
+    NO_APP = (
+        "Calls to the queue need an app context: make them inside "
+        "`with app.app_context():`, or pass app=... where the call takes one."
+    )
+    #: The message when ``init_app`` was never called on the app.
+    NOT_SET_UP = "SQLQueue is not set up on this app; did you forget to call queue.init_app(app)?"
+    #: The message when the app is served by another ``SQLQueue`` instance.
+    OTHER_QUEUE = (
+        "This app is set up with a different SQLQueue instance; use the one that "
+        "init_app(app) was called on."
+    )
+
+
 class PayloadError(SQLQueueError, TypeError):
     """An argument or result cannot be stored as JSON that round-trips unchanged."""
 

@@ -1,4 +1,11 @@
-"""The Flask extension: ``SQLQueue``, ``init_app``, ``@queue.task`` and per-app state."""
+"""The Flask glue: :class:`QueueExtension` (``init_app``, ``@queue.task``, producing,
+workers) and each app's :class:`QueueState`, found through :func:`queue_state`.
+
+Layering: this module imports the core and nothing that sits on it. The adapters (the
+``flask queue`` commands, the admin and metrics blueprints, the test helpers, the child
+processes' app loader) import it, never the reverse; ``flask_sqlqueue.SQLQueue``, which
+users import, is the façade above them all (``facade.py``) that wires them in.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +24,6 @@ from typing import TypeVar
 from typing import Unpack
 from typing import overload
 
-from flask import Blueprint
 from flask import Flask
 from flask import current_app
 from sqlalchemy.engine import Connection
@@ -27,6 +33,7 @@ from sqlalchemy.orm import scoped_session
 from . import schema
 from .config import DEFAULTS
 from .config import Settings
+from .core import operations
 from .core.enqueue import Call
 from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
@@ -47,6 +54,7 @@ from .core.tasks import check_timeout
 from .core.worker import Worker
 from .core.worker import WorkerOptions
 from .exceptions import ConfigurationError
+from .exceptions import QueueNotSetUp
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -55,18 +63,29 @@ EXTENSION_KEY = "sqlqueue"
 
 
 @dataclass
-class _State:
-    """What one app needs: its settings and its store. Lives in ``app.extensions``."""
+class QueueState:
+    """What one app needs of the queue: the extension that serves it, its settings and
+    its store. Lives in ``app.extensions["sqlqueue"]``; find it with
+    :meth:`QueueExtension.state` (or :func:`queue_state` without the extension at hand).
+    """
 
-    queue: SQLQueue
+    queue: QueueExtension
     settings: Settings
     store: Store
     _schema_ok: bool = False
     _eager_worker: Worker | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def registry(self) -> TaskRegistry:
+        """The tasks of the queue that serves this app."""
+        return self.queue.registry
+
     def ensure_schema(self) -> None:
-        """Check once per process that the tables exist and are current."""
+        """Check once per process that the tables exist and are current.
+
+        :raises SchemaError: they are missing, older or newer than this package expects.
+        """
         if not self._schema_ok:
             # A read transaction: on SQLite a write one (BEGIN IMMEDIATE) would wait for,
             # and time out on, a caller's session= transaction that already wrote.
@@ -74,32 +93,62 @@ class _State:
             self.store.check_server()
             self._schema_ok = True
 
+    def schema_changed(self) -> None:
+        """Check the tables again at the next use: they were just upgraded or downgraded."""
+        self._schema_ok = False
+
+    def worker_options(self, **options: Any) -> WorkerOptions:
+        """:class:`WorkerOptions` for this app: ``stale_after`` as it is configured, the
+        other fields as given or their defaults."""
+        options.setdefault("stale_after", self.settings.stale_after)
+        return WorkerOptions(**options)
+
     def eager_worker(self, app: Flask) -> Worker:
+        """The worker that runs this app's jobs at enqueue in eager mode (made once)."""
         with self._lock:
             if self._eager_worker is None:
                 self._eager_worker = Worker(
                     self.store,
-                    self.queue.registry,
-                    WorkerOptions(stale_after=self.settings.stale_after),
+                    self.registry,
+                    self.worker_options(),
                     job_context=app.app_context,
                 )
             return self._eager_worker
 
 
-class SQLQueue:
-    """A background-job queue stored in a database: SQLite by default.
+def resolve_app(app: Flask | None = None) -> Flask:
+    """``app``, or else the current app.
 
-    ::
+    :raises QueueNotSetUp: no ``app`` and no app context.
+    """
+    if app is not None:
+        return app
+    try:
+        return current_app._get_current_object()  # type: ignore[attr-defined,no-any-return]
+    except RuntimeError:
+        raise QueueNotSetUp(QueueNotSetUp.NO_APP) from None
 
-        queue = SQLQueue()
 
-        @queue.task
-        def ping() -> str: ...
+def queue_state(app: Flask | None = None, *, queue: QueueExtension | None = None) -> QueueState:
+    """The queue's state for ``app`` (default: the current app): the one way every part
+    of the package finds it, with one message for each way it can be missing.
 
-        def create_app() -> Flask:
-            app = Flask(__name__)
-            queue.init_app(app)
-            return app
+    :param queue: refuse an app that another extension instance serves.
+    :raises QueueNotSetUp: no app context (and no ``app``); ``init_app`` was not called
+        on the app; or ``queue`` is given and is not the app's.
+    """
+    found = resolve_app(app).extensions.get(EXTENSION_KEY)
+    if not isinstance(found, QueueState):
+        raise QueueNotSetUp(QueueNotSetUp.NOT_SET_UP)
+    if queue is not None and found.queue is not queue:
+        raise QueueNotSetUp(QueueNotSetUp.OTHER_QUEUE)
+    return found
+
+
+class QueueExtension:
+    """The Flask extension proper: ``init_app``, tasks, producing and reading jobs,
+    workers. Users import its subclass ``flask_sqlqueue.SQLQueue``, which adds the
+    ``flask queue`` commands, the admin and metrics blueprints and ``drain``.
 
     Tasks may be declared before :meth:`init_app`; one instance may serve several apps.
     """
@@ -111,7 +160,8 @@ class SQLQueue:
             self.init_app(app)
 
     def init_app(self, app: Flask) -> None:
-        """Set the queue up on ``app``: config defaults, database engine, CLI commands.
+        """Set the queue up on ``app``: config defaults, database engine (and, through
+        ``flask_sqlqueue.SQLQueue``, the ``flask queue`` commands).
 
         :raises ConfigurationError: the app already has a queue, or a setting is invalid.
         """
@@ -124,12 +174,7 @@ class SQLQueue:
         settings = Settings.from_mapping(app.config, instance_path=app.instance_path)
         store = Store.from_settings(settings)
         store.signal_sender = app  # signals name the app, as Flask's own do
-        app.extensions[EXTENSION_KEY] = _State(self, settings, store)
-
-        from .cli import queue_cli
-
-        if "queue" not in app.cli.commands:
-            app.cli.add_command(queue_cli)
+        app.extensions[EXTENSION_KEY] = QueueState(self, settings, store)
 
     # -- declaring tasks ---------------------------------------------------------------------
 
@@ -375,9 +420,7 @@ class SQLQueue:
         """Every enqueue of the app: find its store, then the core's one path."""
         state = self.state()
         state.ensure_schema()
-        eager = None
-        if state.settings.eager:
-            eager = state.eager_worker(current_app._get_current_object())  # type: ignore[attr-defined]
+        eager = state.eager_worker(resolve_app()) if state.settings.eager else None
         return enqueue(
             state.store,
             task,
@@ -391,9 +434,7 @@ class SQLQueue:
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id as it is now, or ``None``."""
-        state = self.state()
-        state.ensure_schema()
-        return state.store.get_job(job_id)
+        return self._store().get_job(job_id)
 
     def pause(self, name: str) -> bool:
         """Stop every worker, on every host, from claiming jobs of queue ``name``; jobs
@@ -415,85 +456,17 @@ class SQLQueue:
 
     def paused_queues(self) -> dict[str, datetime]:
         """Every paused queue, with the time it was paused."""
-        from .core.queues import paused_queues
-
-        state = self.state()
-        state.ensure_schema()
-        with state.store.read() as conn:
-            return paused_queues(conn)
+        return operations.paused_queues(self._store())
 
     def _set_paused(self, name: str, *, paused: bool) -> bool:
-        from .core.queues import set_paused
+        store = self._store()
+        return bool(operations.set_paused(store, [name], paused=paused, registry=self.registry))
 
+    def _store(self) -> Store:
+        """The current app's store, its schema checked."""
         state = self.state()
         state.ensure_schema()
-        declared = {task.options.queue or "default" for task in self.registry.values()}
-        return bool(set_paused(state.store, [name], paused=paused, declared=declared))
-
-    def drain(
-        self,
-        *,
-        include_scheduled: bool = False,
-        now: datetime | None = None,
-        app: Flask | None = None,
-    ) -> list[Job]:
-        """Run every job eligible now in this thread, through the real claim, until none
-        is left: for tests. With ``include_scheduled`` also the ones due later. See
-        :func:`flask_sqlqueue.testing.drain`, which also takes a movable clock.
-
-        :returns: each job that ran, as it is now.
-        """
-        from .testing import drain
-
-        self.state(app)  # needs an app; refuses one that another SQLQueue serves
-        return drain(app, include_scheduled=include_scheduled, now=now)
-
-    def admin_blueprint(
-        self, authorize: Callable[[], Any] | None = None, *, notice: str | None = None
-    ) -> Blueprint:
-        """The admin dashboard as a blueprint named ``"sqlqueue"``; register it with a
-        ``url_prefix``. Its forms need ``app.secret_key`` (CSRF tokens).
-
-        ::
-
-            def authorize():
-                if not current_user.is_authenticated:
-                    return redirect(url_for("login", next=request.url))
-                return current_user.is_admin
-
-            app.register_blueprint(queue.admin_blueprint(authorize=authorize), url_prefix="/queue")
-
-        :param authorize: called with no arguments before every request, assets
-            included. ``True`` (exactly) lets the request through; a response object,
-            such as a redirect to the login page, is sent as it is; anything else
-            (``False``, ``None``, ``1``, a user object) is a 403. Without it, the
-            dashboard is closed: every request is a 403 saying how to configure it.
-        :param notice: a warning shown in a banner at the top of every page, e.g. that
-            this instance is a demo with open access.
-        """
-        from .admin import create_blueprint
-
-        return create_blueprint(self, authorize, notice=notice)
-
-    def metrics_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
-        """A blueprint serving ``GET /metrics`` for Prometheus: the queue's gauges read
-        from the database, and the counters of this process (see
-        :mod:`flask_sqlqueue.metrics`; needs the ``prometheus`` extra).
-
-        ::
-
-            app.register_blueprint(
-                queue.metrics_blueprint(authorize=lambda: request.remote_addr == "10.0.0.5"),
-                url_prefix="/queue",
-            )
-
-        :param authorize: as for :meth:`admin_blueprint`: ``True`` lets the request
-            through, a response is sent as it is, anything else is a 403, and without
-            it every request is a 403 saying how to configure it.
-        """
-        from .metrics import create_blueprint
-
-        return create_blueprint(authorize)
+        return state.store
 
     # -- running --------------------------------------------------------------------------------
 
@@ -511,13 +484,13 @@ class SQLQueue:
             ``flask_sqlqueue.processes.AppLoader("module:create_app")``. Without one,
             every job runs on a thread.
         """
-        app = app or current_app._get_current_object()  # type: ignore[attr-defined]
+        app = resolve_app(app)
         state = self.state(app)
         state.ensure_schema()
         return Worker(
             state.store,
             self.registry,
-            options or WorkerOptions(stale_after=state.settings.stale_after),
+            options or state.worker_options(),
             job_context=app.app_context,
             loader=loader,
         )
@@ -526,22 +499,14 @@ class SQLQueue:
         """Create or upgrade the queue's tables (what ``flask queue db upgrade`` does)."""
         state = self.state(app)
         schema.upgrade(state.store.engine, revision)
-        state._schema_ok = False
+        state.schema_changed()
 
-    def state(self, app: Flask | None = None) -> _State:
-        """The per-app state, for the CLI and tests. Needs an app context without ``app``."""
-        if app is None:
-            try:
-                app = current_app._get_current_object()  # type: ignore[attr-defined]
-            except RuntimeError:
-                raise RuntimeError(
-                    "Working with the queue needs an app context: use `with app.app_context():`."
-                ) from None
-        state = app.extensions.get(EXTENSION_KEY)
-        if state is None:
-            raise RuntimeError(
-                "SQLQueue is not set up on this app; did you forget to call queue.init_app(app)?"
-            )
-        if state.queue is not self:
-            raise RuntimeError("This app is set up with a different SQLQueue instance.")
-        return state  # type: ignore[no-any-return]
+    def state(self, app: Flask | None = None) -> QueueState:
+        """The queue's state for ``app`` (default: the current app): its settings and its
+        :class:`~flask_sqlqueue.core.store.Store`, for code that works with the database
+        directly (``queue.state().store.read()``) and for the package's own adapters.
+
+        :raises QueueNotSetUp: (a ``RuntimeError``) no app context and no ``app``; the
+            app was never given to ``init_app``; or another ``SQLQueue`` serves it.
+        """
+        return queue_state(app, queue=self)

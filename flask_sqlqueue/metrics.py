@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 from typing import Any
 
 try:
@@ -54,22 +53,13 @@ from .core import queries
 from .core import signals
 from .core.models import JobStatus
 from .core.models import jobs
-
-if TYPE_CHECKING:
-    from .extension import _State
+from .extension import queue_state
 
 __all__ = ["JobCounters", "QueueCollector", "QueueMetrics", "create_blueprint", "metrics_for"]
 
 #: Seconds; from a fast callback to a long report.
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 _EXTENSION_KEY = "sqlqueue_metrics"
-
-
-def _state(app: Flask) -> _State:
-    state = app.extensions.get("sqlqueue")
-    if state is None:
-        raise RuntimeError("SQLQueue is not set up on this app; call queue.init_app(app) first.")
-    return state  # type: ignore[no-any-return]
 
 
 class QueueCollector(Collector):
@@ -79,7 +69,7 @@ class QueueCollector(Collector):
         self.app = app
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        store = _state(self.app).store
+        store = queue_state(self.app).store
         now = store.now()
         with store.read() as conn:
             by_queue = queries.status(conn, now)

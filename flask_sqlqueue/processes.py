@@ -17,6 +17,7 @@ from flask.cli import ScriptInfo
 
 from .core.isolation import ChildRuntime
 from .exceptions import ConfigurationError
+from .extension import queue_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +53,6 @@ class AppLoader:
         app = ScriptInfo(
             app_import_path=self.import_path, create_app=self.create_app, set_debug_flag=False
         ).load_app()
-        state = app.extensions.get("sqlqueue")
-        if state is None:
-            raise ConfigurationError(
-                "The app loaded in the child process has no SQLQueue; call queue.init_app(app)."
-            )
+        state = queue_state(app)
         state.ensure_schema()
-        return ChildRuntime(state.store, state.queue.registry, app.app_context)
+        return ChildRuntime(state.store, state.registry, app.app_context)

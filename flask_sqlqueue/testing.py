@@ -42,12 +42,10 @@ from contextlib import contextmanager
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
-from typing import TYPE_CHECKING
 from typing import Any
 
 import sqlalchemy as sa
 from flask import Flask
-from flask import current_app
 
 from .core import periodic
 from .core.jobs import Job
@@ -55,10 +53,9 @@ from .core.models import JobStatus
 from .core.models import jobs
 from .core.tasks import Task
 from .core.worker import Worker
-from .core.worker import WorkerOptions
-
-if TYPE_CHECKING:
-    from .extension import _State
+from .extension import QueueState
+from .extension import queue_state
+from .extension import resolve_app
 
 __all__ = [
     "Clock",
@@ -122,25 +119,8 @@ class Clock:
         return f"<Clock {self.now().isoformat()}>"
 
 
-def _app(app: Flask | None) -> Flask:
-    if app is not None:
-        return app
-    try:
-        return current_app._get_current_object()  # type: ignore[attr-defined,no-any-return]
-    except RuntimeError:
-        raise RuntimeError(
-            "The queue's test helpers need an app: pass app=..., or call them inside "
-            "`with app.app_context():`."
-        ) from None
-
-
-def _state(app: Flask | None) -> _State:
-    the_app = _app(app)
-    state: _State | None = the_app.extensions.get("sqlqueue")
-    if state is None:
-        raise RuntimeError(
-            "SQLQueue is not set up on this app; did you forget to call queue.init_app(app)?"
-        )
+def _state(app: Flask | None) -> QueueState:
+    state = queue_state(app)
     state.ensure_schema()
     return state
 
@@ -200,13 +180,13 @@ def drain(
     """
     if clock is not None and now is not None:
         raise ValueError("Pass clock or now, not both.")
-    the_app = _app(app)
+    the_app = resolve_app(app)
     state = _state(the_app)
     clock = clock or Clock(now, source=state.store.now)
     worker = _DrainWorker(
         state.store,
-        state.queue.registry,
-        WorkerOptions(queues=tuple(queues), stale_after=state.settings.stale_after),
+        state.registry,
+        state.worker_options(queues=tuple(queues)),
         job_context=the_app.app_context,
         clock=clock.now,
     )
@@ -231,12 +211,12 @@ def drain(
     return [found[job_id] for job_id in ran if job_id in found]
 
 
-def _next_run_at(state: _State, after: datetime, queues: tuple[str, ...]) -> datetime | None:
+def _next_run_at(state: QueueState, after: datetime, queues: tuple[str, ...]) -> datetime | None:
     """When the next pending job that this app can run is due, if after ``after``."""
     condition = sa.and_(
         jobs.c.status == JobStatus.PENDING.value,
         jobs.c.run_at > after,
-        jobs.c.task.in_(sorted(state.queue.registry)),
+        jobs.c.task.in_(sorted(state.registry)),
     )
     if queues:
         condition = sa.and_(condition, jobs.c.queue.in_(queues))
@@ -261,7 +241,7 @@ def enqueue_periodic(
     state = _state(app)
     until = until or state.store.now()
     made: list[Job] = []
-    for task in periodic.scheduled_tasks(state.queue.registry):
+    for task in periodic.scheduled_tasks(state.registry):
         schedule = task.schedule
         assert schedule is not None
         for slot in schedule.slots(since, until):
@@ -272,7 +252,7 @@ def enqueue_periodic(
 # -- assertions --------------------------------------------------------------------------------
 
 
-def _jobs(state: _State, condition: Any, limit: int | None = None) -> list[Job]:
+def _jobs(state: QueueState, condition: Any, limit: int | None = None) -> list[Job]:
     query = sa.select(jobs).where(condition).order_by(jobs.c.id)
     if limit is not None:
         query = query.limit(limit)
@@ -312,7 +292,7 @@ def _matches(job: Job, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | N
     return kwargs is None or job.kwargs == json.loads(json.dumps(dict(kwargs)))
 
 
-def _describe(state: _State) -> str:
+def _describe(state: QueueState) -> str:
     pending = _jobs(state, jobs.c.status == JobStatus.PENDING.value, limit=51)
     if not pending:
         return "No job is enqueued."

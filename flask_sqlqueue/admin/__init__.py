@@ -30,7 +30,7 @@ from . import csrf
 from . import views
 
 if TYPE_CHECKING:
-    from ..extension import SQLQueue
+    from ..extension import QueueExtension
 
 NAME = "sqlqueue"
 
@@ -49,7 +49,7 @@ WHAT = "queue admin"
 
 
 def create_blueprint(
-    queue: SQLQueue, authorize: access.Authorize | None = None, *, notice: str | None = None
+    queue: QueueExtension, authorize: access.Authorize | None = None, *, notice: str | None = None
 ) -> Blueprint:
     """A blueprint named ``"sqlqueue"`` serving the admin pages of ``queue``.
 

@@ -1,5 +1,5 @@
 """The admin's pages and actions. Reads go through ``core.queries``, writes through
-``core.lifecycle``; nothing here knows which database is underneath."""
+``core.operations`` (as the CLI's do); nothing here knows which database is underneath."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from ..core import lifecycle
 from ..core import limits
+from ..core import operations
 from ..core import periodic
 from ..core import queries
-from ..core import queues as queues_module
+from ..core import queues
 from ..core import retention
 from ..core.models import JobStatus
 from ..core.tasks import task_timeouts
@@ -39,15 +40,14 @@ from ..exceptions import SQLQueueError
 from . import csrf
 
 if TYPE_CHECKING:
-    from ..extension import SQLQueue
-    from ..extension import _State
+    from ..core.store import Store
+    from ..extension import QueueExtension
+    from ..extension import QueueState
 
 STATUSES = [status.value for status in JobStatus]
 MAX_ID = 2**63 - 1
 PER_PAGE = 50
 MAX_PER_PAGE = 200
-#: Ids replayed per statement when replaying a free-text selection of dead jobs.
-CHUNK = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,10 +173,10 @@ def _ids(values: Sequence[str]) -> list[int]:
     return ids
 
 
-def register(bp: Blueprint, queue: SQLQueue) -> None:
+def register(bp: Blueprint, queue: QueueExtension) -> None:
     """Add the routes, error pages and template helpers to ``bp``."""
 
-    def state() -> _State:
+    def state() -> QueueState:
         st = queue.state()
         st.ensure_schema()
         return st
@@ -242,7 +242,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
     # -- pages ------------------------------------------------------------------------
 
     def worker_rows(
-        st: _State, conn: Connection, now: datetime, running: list[Any]
+        st: QueueState, conn: Connection, now: datetime, running: list[Any]
     ) -> list[dict[str, Any]]:
         fresh = st.store.heartbeat_fresh(st.settings.stale_after, now)
         running_by_worker: dict[str | None, list[Any]] = {}
@@ -268,7 +268,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
             running = queries.running_jobs(conn)
             workers = worker_rows(st, conn, now, running)
             data = queries.activity(conn, now, span=SPANS[span].length, step=SPANS[span].step)
-            paused = queues_module.paused_queues(conn)
+            paused = queues.paused_queues(conn)
             buckets = limits.describe(conn, queue.registry, now)
             fresh = st.store.heartbeat_fresh(st.settings.stale_after, now)
             unserved = queries.coverage(conn, fresh).warnings(queue.registry)
@@ -423,12 +423,6 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
 
     # -- actions (POST only; the gate has checked the CSRF token) --------------------------
 
-    def write(fn: Callable[[Connection], int]) -> int:
-        st = state()
-        n = st.store.run_write(fn)
-        st.store.wake()
-        return n
-
     @bp.post("/queues/<name>/pause")
     def pause_queue(name: str) -> BaseResponse:
         return set_paused(name, paused=True)
@@ -439,9 +433,8 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
 
     def set_paused(name: str, *, paused: bool) -> BaseResponse:
         st = state()
-        declared = {task.options.queue or "default" for task in queue.registry.values()}
         try:
-            changed = queues_module.set_paused(st.store, [name], paused=paused, declared=declared)
+            changed = operations.set_paused(st.store, [name], paused=paused, registry=st.registry)
         except (ValueError, LookupError) as exc:
             raise BadRequest(str(exc)) from None
         if changed:
@@ -453,16 +446,13 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
 
     @bp.post("/jobs/<int:job_id>/retry")
     def retry(job_id: int) -> BaseResponse:
-        now = state().store.now()
-        write(lambda conn: lifecycle.replay(conn, [job_id], now))
+        operations.retry(state().store, [job_id])
         flash(f"Job {job_id} is pending again, with fresh attempts.", "success")
         return redirect(url_for(".job", job_id=job_id), 303)
 
     @bp.post("/jobs/<int:job_id>/cancel")
     def cancel(job_id: int) -> BaseResponse:
-        st = state()
-        now = st.store.now()
-        done = st.store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [job_id], now))
+        done = operations.cancel(state().store, [job_id])
         if done.requested:
             flash(
                 f"Job {job_id} is asked to stop; it stops when its task checks "
@@ -475,7 +465,7 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
 
     @bp.post("/jobs/<int:job_id>/delete")
     def delete(job_id: int) -> BaseResponse:
-        write(lambda conn: lifecycle.delete(conn, [job_id]))
+        operations.delete(state().store, [job_id])
         flash(f"Job {job_id} is deleted.", "success")
         return redirect(url_for(".jobs"), 303)
 
@@ -488,42 +478,36 @@ def register(bp: Blueprint, queue: SQLQueue) -> None:
         if not ids:
             flash("Select at least one job first.", "error")
             return redirect(back, 303)
-        now = state().store.now()
-        actions: dict[str, tuple[Callable[[Connection], int], str]] = {
-            "retry": (lambda conn: lifecycle.replay(conn, ids, now), "retried"),
+        actions: dict[str, tuple[Callable[[Store, list[int]], int], str]] = {
+            "retry": (operations.retry, "retried"),
             "cancel": (
-                lambda conn: lifecycle.cancel(conn, ids, now),
+                lambda store, ids: operations.cancel(store, ids).count,
                 "cancelled (running ones asked to stop)",
             ),
-            "delete": (lambda conn: lifecycle.delete(conn, ids), "deleted"),
+            "delete": (operations.delete, "deleted"),
         }
         if action not in actions:
             raise BadRequest(f"Unknown action {action!r}; use retry, cancel or delete.")
-        fn, done = actions[action]
-        n = write(fn)
+        act, done = actions[action]
+        n = act(state().store, ids)
         flash(f"{n} job{'s' if n != 1 else ''} {done}.", "success")
         return redirect(back, 303)
 
     @bp.post("/jobs/retry-dead")
     def retry_dead() -> BaseResponse:
         filters = Filters.parse(request.form)
-        now = state().store.now()
-
-        def replay(conn: Connection) -> int:
-            if not filters.q:
-                return lifecycle.replay_dead(conn, now, filters.queue or None, filters.task or None)
-            ids = queries.job_ids(conn, filters.query(status=JobStatus.DEAD.value))
-            return sum(
-                lifecycle.replay(conn, ids[i : i + CHUNK], now) for i in range(0, len(ids), CHUNK)
-            )
-
-        n = write(replay)
+        n = operations.retry_dead(
+            state().store,
+            queue=filters.queue or None,
+            task=filters.task or None,
+            text=filters.q or None,
+        )
         flash(f"{n} dead job{'s' if n != 1 else ''} replayed with fresh attempts.", "success")
         return redirect(url_for(".jobs", **{**filters.args(), "status": "pending"}), 303)
 
 
 @contextmanager
-def reading(st: _State) -> Iterator[Connection]:
+def reading(st: QueueState) -> Iterator[Connection]:
     """A read transaction for a page: its statements are planned for their parameters
     (the same statement reads the last hour on one page and the last week on another)."""
     with st.store.read() as conn:

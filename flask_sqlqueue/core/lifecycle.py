@@ -22,6 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..config import default
 from ..exceptions import SQLQueueError
 from .liveness import BootClock
 from .liveness import BootCutoff
@@ -48,9 +49,9 @@ class Backoff:
     """Delay before the next attempt after attempt ``k`` failed:
     ``min(cap, base * 2**k) + uniform(0, jitter)`` seconds."""
 
-    base: float = 30.0
-    cap: float = 3600.0
-    jitter: float = 20.0
+    base: float = default("SQLQUEUE_BACKOFF_BASE")
+    cap: float = default("SQLQUEUE_BACKOFF_CAP")
+    jitter: float = default("SQLQUEUE_BACKOFF_JITTER")
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         exponential = self.base * 2.0 ** min(attempt, 64)
@@ -363,6 +364,11 @@ class Cancellation:
     cancelled: list[int]
     requested: list[int]
 
+    @property
+    def count(self) -> int:
+        """How many jobs were cancelled or asked to stop."""
+        return len(self.cancelled) + len(self.requested)
+
     def describe(self) -> str:
         """One line for the CLI and the admin's flash message."""
         parts = []
@@ -406,12 +412,6 @@ def cancel_jobs(conn: Connection, ids: Sequence[int], now: datetime) -> Cancella
             .values(cancel_requested_at=now, updated_at=now)
         )
     return Cancellation(pending, running)
-
-
-def cancel(conn: Connection, ids: Sequence[int], now: datetime) -> int:
-    """:func:`cancel_jobs`, returning how many jobs it cancelled or asked to stop."""
-    done = cancel_jobs(conn, ids, now)
-    return len(done.cancelled) + len(done.requested)
 
 
 def cancel_requests(conn: Connection, ids: Sequence[int]) -> set[int]:

@@ -452,6 +452,9 @@ class Store:
             worker judged by the queue's time is lost only once the watch too has seen
             it silent for ``stale_after`` seconds.
         :returns: ``(job id, new status, lost worker id)`` for each job taken back.
+
+        Jobs it makes pending again wake the workers, as every write that makes a job
+        runnable does (``core/operations.py``).
         """
         now = self.now() if now is None else now
         stale_before = now - timedelta(seconds=stale_after)
@@ -462,9 +465,14 @@ class Store:
             if watch is not None:
                 watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
                 silent = watch.silent(stale_after)
-            return lifecycle.rescue_stale(conn, stale_before, now, boot=boot, silent=silent)
+            rescued = lifecycle.rescue_stale(conn, stale_before, now, boot=boot, silent=silent)
+            if any(status == lifecycle.PENDING for _, status, _ in rescued):
+                self.ops.notify(conn)
+            return rescued
 
         rescued: list[tuple[int, str, str]] = self.run_write(take, within=within)
+        if any(status == lifecycle.PENDING for _, status, _ in rescued):
+            self.wake()
         return rescued
 
     def heartbeat_fresh(

@@ -34,6 +34,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from ..bounds import time_after
+from ..config import default
 from ..exceptions import ClaimLost
 from ..exceptions import ConfigurationError
 from ..exceptions import DatabaseFileChanged
@@ -88,7 +89,8 @@ TOO_LARGE_KIND = "ResultTooLarge"
 
 @dataclass(frozen=True, slots=True)
 class WorkerOptions:
-    """How a worker runs. Every field has the CLI flag of the same name."""
+    """How a worker runs. Every field has the CLI flag of the same name, whose default
+    is the field's (``stale_after``'s is ``SQLQUEUE_STALE_AFTER``'s)."""
 
     #: Queues to serve; empty means every queue.
     queues: tuple[str, ...] = ()
@@ -97,7 +99,7 @@ class WorkerOptions:
     #: Seconds between polls when idle (an enqueue in this process wakes it at once).
     poll_interval: float = 1.0
     #: Seconds without a heartbeat after which a worker's running jobs are rescued.
-    stale_after: float = 60.0
+    stale_after: float = default("SQLQUEUE_STALE_AFTER")
     #: Seconds to let running jobs finish after a stop is asked for.
     grace: float = 30.0
     #: Run every job in a child process, this many at once (0: jobs run on threads).

@@ -1,0 +1,218 @@
+"""Commands that change jobs and queues, each through one function of
+``core.operations`` (as the admin's buttons): ``retry``, ``cancel``, ``purge``,
+``rescue``, ``pause``, ``resume``; and ``enqueue``, through the one enqueue path."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from ..core import lifecycle
+from ..core import operations
+from .base import JOB_ID
+from .base import app_state
+from .base import clean_errors
+from .base import queue_cli
+from .formatting import parse_age
+
+
+@queue_cli.command("retry")
+@click.argument("job_ids", nargs=-1, type=JOB_ID)
+@click.option("--dead", is_flag=True, help="Replay every dead job (narrow with --queue/--task).")
+@click.option("--queue", help="With --dead: only this queue.")
+@click.option("--task", help="With --dead: only this task.")
+@clean_errors
+def retry_command(
+    job_ids: tuple[int, ...], dead: bool, queue: str | None, task: str | None
+) -> None:
+    """Replay dead (or cancelled) jobs with fresh attempts.
+
+    \b
+    Example:
+      flask queue retry 42 43
+      flask queue retry --dead --task example_app.tasks.call_flaky_api
+    """
+    if bool(job_ids) == dead:
+        raise click.UsageError("Give job ids or --dead, not both and not neither.")
+    if (queue or task) and not dead:
+        raise click.UsageError("--queue and --task go with --dead.")
+    store = app_state().store
+    if dead:
+        n = operations.retry_dead(store, queue=queue, task=task)
+    else:
+        n = operations.retry(store, job_ids)
+    click.echo(f"Replayed {n} job(s).")
+
+
+@queue_cli.command("cancel")
+@click.argument("job_ids", nargs=-1, required=True, type=JOB_ID)
+@clean_errors
+def cancel_command(job_ids: tuple[int, ...]) -> None:
+    """Cancel pending jobs, and ask running ones to stop. All or none: a missing or
+    finished id changes nothing.
+
+    A running job stops when its task checks current_job.cancel_requested; one that
+    never checks runs to its end.
+
+    \b
+    Example:
+      flask queue cancel 42 43
+    """
+    click.echo(operations.cancel(app_state().store, job_ids).describe())
+
+
+@queue_cli.command("purge")
+@click.option(
+    "--status",
+    required=True,
+    type=click.Choice(list(lifecycle.FINISHED)),
+    help="Which finished jobs to delete.",
+)
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    help="Age like 7d, 12h, 30m: jobs last changed before then.",
+)
+@clean_errors
+def purge_command(status: str, older_than: str) -> None:
+    """Delete finished jobs last changed more than --older-than ago.
+
+    \b
+    Example:
+      flask queue purge --status completed --older-than 7d
+    """
+    age = parse_age(older_than)
+    store = app_state().store
+    try:
+        n = operations.purge(store, status, age)
+    except OverflowError:
+        raise click.ClickException(f"{older_than!r} is too long an age.") from None
+    click.echo(f"Purged {n} {status} job(s).")
+
+
+@queue_cli.command("rescue")
+@clean_errors
+def rescue_command() -> None:
+    """Take back running jobs whose worker stopped heartbeating (SQLQUEUE_STALE_AFTER).
+
+    Workers on this machine are judged by its boot clock, others by the database's
+    clock, so a step of a wall clock does not make a live worker look lost.
+
+    \b
+    Example:
+      flask queue rescue
+    """
+    state = app_state()
+    rescued = operations.rescue(state.store, state.settings.stale_after)
+    for job_id, status, worker in rescued:
+        click.echo(f"job {job_id}: worker {worker} lost; now {status}")
+    click.echo(f"Rescued {len(rescued)} job(s).")
+
+
+@queue_cli.command("pause")
+@click.argument("names", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Pause every queue known now.")
+@clean_errors
+def pause_command(names: tuple[str, ...], every: bool) -> None:
+    """Stop workers on every host from claiming jobs of these queues; running jobs finish.
+
+    Enqueueing goes on: the jobs wait until `flask queue resume`. All or nothing: an
+    unknown queue name changes nothing. --all pauses the queues known now (those of the
+    registered tasks and those with jobs), not queues that appear later.
+
+    \b
+    Example:
+      flask queue pause reports
+      flask queue pause --all
+    """
+    _pause_or_resume(names, every, paused=True)
+
+
+@queue_cli.command("resume")
+@click.argument("names", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Resume every paused queue.")
+@clean_errors
+def resume_command(names: tuple[str, ...], every: bool) -> None:
+    """Let workers claim jobs of these paused queues again.
+
+    \b
+    Example:
+      flask queue resume reports
+    """
+    _pause_or_resume(names, every, paused=False)
+
+
+def _pause_or_resume(names: tuple[str, ...], every: bool, *, paused: bool) -> None:
+    if bool(names) == every:
+        raise click.UsageError("Give queue names or --all, not both and not neither.")
+    state = app_state()
+    if every:
+        names = tuple(
+            operations.known_queues(state.store, state.registry)
+            if paused
+            else operations.paused_queues(state.store)
+        )
+    names = tuple(dict.fromkeys(names))
+    if not names:
+        click.echo("No queues to pause." if paused else "No queue is paused.")
+        return
+    changed = operations.set_paused(state.store, names, paused=paused, registry=state.registry)
+    verb = "Paused" if paused else "Resumed"
+    for name in names:
+        if name in changed:
+            click.echo(f"{verb} queue {name!r}.")
+        else:
+            click.echo(f"Queue {name!r} was {'already paused' if paused else 'not paused'}.")
+
+
+@queue_cli.command("enqueue")
+@click.argument("task")
+@click.option("--args", "args_json", default="[]", help="JSON array of positional arguments.")
+@click.option("--kwargs", "kwargs_json", default="{}", help="JSON object of keyword arguments.")
+@click.option("--queue", help="Queue (default: the task's).")
+@click.option("--priority", type=int, help="Higher runs first.")
+@click.option("--delay", type=click.FloatRange(0), help="Seconds from now.")
+@click.option("--idempotency-key", help="At most one job per key.")
+@clean_errors
+def enqueue_command(
+    task: str,
+    args_json: str,
+    kwargs_json: str,
+    queue: str | None,
+    priority: int | None,
+    delay: float | None,
+    idempotency_key: str | None,
+) -> None:
+    """Enqueue a registered task with JSON arguments.
+
+    The arguments must fit the task's signature, and are checked as any enqueue checks
+    them; nothing is written if they do not.
+
+    \b
+    Example:
+      flask queue enqueue example_app.tasks.build_report --args '[7]' --kwargs '{"fmt": "csv"}'
+    """
+    args = _json_arg("--args", args_json, list, "array")
+    kwargs = _json_arg("--kwargs", kwargs_json, dict, "object")
+    state = app_state()
+    if task not in state.registry:  # listing the names: the CLI has no opt-out
+        known = ", ".join(sorted(state.registry)) or "none"
+        raise click.ClickException(f"No task {task!r} is registered in this app (known: {known}).")
+    job = state.queue.enqueue(
+        task, args, kwargs, queue=queue, priority=priority, delay=delay,
+        idempotency_key=idempotency_key,
+    )  # fmt: skip
+    click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
+
+
+def _json_arg(flag: str, text: str, kind: type, name: str) -> Any:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise click.ClickException(f"{flag} is not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise click.ClickException(f"{flag} must be a JSON {name}, got {text!r}.")
+    return value

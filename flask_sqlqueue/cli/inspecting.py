@@ -1,0 +1,287 @@
+"""Commands that read: ``status``, ``list``, ``show``, ``periodic``, ``doctor``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Collection
+from datetime import datetime
+
+import click
+
+from ..core import limits
+from ..core import periodic
+from ..core import queries
+from ..core import retention
+from ..core.queues import paused_queues
+from ..core.tasks import task_timeouts
+from ..extension import QueueState
+from .base import JOB_ID
+from .base import STATUSES
+from .base import app_state
+from .base import clean_errors
+from .base import queue_cli
+from .formatting import first_line
+from .formatting import format_age
+from .formatting import format_table
+from .formatting import format_time
+from .formatting import indent
+from .formatting import progress_bar
+
+
+@queue_cli.command("status")
+@clean_errors
+def status_command() -> None:
+    """Job counts by queue and status, and the wait of each queue's oldest eligible job.
+
+    \b
+    Example:
+      flask queue status
+    """
+    state = app_state()
+    now = state.store.now()
+    with state.store.read() as conn:
+        rows = queries.status(conn, now)
+        cover = queries.coverage(conn, state.store.heartbeat_fresh(state.settings.stale_after, now))
+    if not rows:
+        click.echo("No jobs.")
+        _echo_schedules(state, now)
+        _echo_controls(state, now)
+        return
+    # A status this version does not know (a row edited by hand) gets a column of its
+    # own, so no job is ever missing from the counts.
+    odd = sorted({s for row in rows for s in row.counts} - set(STATUSES))
+    columns = [*STATUSES, *odd]
+    table = [
+        [
+            row.queue,
+            *(str(row.counts.get(s, 0)) for s in columns),
+            format_age(now - row.oldest_eligible) if row.oldest_eligible else "-",
+        ]
+        for row in rows
+    ]
+    totals = ["total", *(str(sum(r.counts.get(s, 0) for r in rows)) for s in columns), ""]
+    click.echo(format_table(["queue", *columns, "oldest eligible"], [*table, totals]))
+    for status in odd:
+        click.echo(
+            f"warning: jobs with unknown status {status!r}; no worker touches them.", err=True
+        )
+    _echo_unserved(cover, state.registry)
+    _echo_schedules(state, now)
+    _echo_controls(state, now)
+    policy = retention.RetentionPolicy.from_settings(state.settings)
+    click.echo(f"retention: {retention.describe(policy)}")
+
+
+def _echo_unserved(cover: queries.Coverage, registered: Collection[str]) -> None:
+    for what, fix in cover.warnings(registered):
+        click.echo(f"warning: {what}; {fix}.", err=True)
+
+
+def _echo_controls(state: QueueState, now: datetime) -> None:
+    """Paused queues, and every limited task's buckets, under ``flask queue status``."""
+    with state.store.read() as conn:
+        paused = paused_queues(conn)
+        buckets = limits.describe(conn, state.registry, now)
+        stopping = queries.cancel_requested_running(conn)
+    if stopping:
+        shown = ", ".join(str(job_id) for job_id in stopping[:10])
+        more = f" and {len(stopping) - 10} more" if len(stopping) > 10 else ""
+        click.echo(
+            f"cancel requested: running job(s) {shown}{more} "
+            "(each stops when its task checks current_job.cancel_requested)"
+        )
+    for name, since in paused.items():
+        click.echo(f"paused {name}: since {format_time(since)} UTC (no worker claims its jobs)")
+    for info in buckets:
+        click.echo(f"limit {info.label}: {info.summary}")
+    for name, timeout, isolated in task_timeouts(state.registry):
+        limit = "no timeout" if timeout is None else f"timeout {timeout:g}s"
+        where = "enforced (isolate=True)" if isolated else "enforced only with --processes"
+        click.echo(f"task {name}: {limit}, {where}")
+
+
+def _echo_schedules(state: QueueState, now: datetime) -> None:
+    """One line per periodic task under ``flask queue status``."""
+    for info in periodic.describe(state.store, state.registry, now):
+        click.echo(
+            f"periodic {info.schedule.task}: {info.schedule.expression!r} "
+            f"({info.schedule.timezone}), next {format_time(info.next_run) or 'never'} UTC"
+        )
+
+
+@queue_cli.command("list")
+@click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
+@click.option("--queue", help="Only jobs in this queue.")
+@click.option("--task", help="Only jobs of this task.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--before", "before_id", type=JOB_ID, help="Page: jobs older than this id.")
+@clean_errors
+def list_command(
+    status: str | None, queue: str | None, task: str | None, limit: int, before_id: int | None
+) -> None:
+    """List jobs, newest first, a page at a time.
+
+    \b
+    Example:
+      flask queue list --status dead --queue mail
+      flask queue list --before 1200     # the next page
+    """
+    state = app_state()
+    with state.store.read() as conn:
+        # One extra row tells whether another page exists, so the hint never leads nowhere.
+        jobs = queries.list_jobs(
+            conn, status=status, queue=queue, task=task, before_id=before_id, limit=limit + 1
+        )
+    more, jobs = len(jobs) > limit, jobs[:limit]
+    if not jobs:
+        click.echo("No jobs match.")
+        return
+    rows = [
+        [
+            str(job.id),
+            job.queue,
+            job.task,
+            str(job.status),
+            f"{job.attempts}/{job.max_attempts}",
+            format_time(job.run_at),
+            first_line(job.last_error, 50),
+        ]
+        for job in jobs
+    ]
+    click.echo(
+        format_table(
+            ["id", "queue", "task", "status", "attempts", "run_at (UTC)", "last error"], rows
+        )
+    )
+    if more:
+        click.echo(f"(more: --before {jobs[-1].id})")
+
+
+@queue_cli.command("show")
+@click.argument("job_id", type=JOB_ID)
+@clean_errors
+def show_command(job_id: int) -> None:
+    """Everything about one job: payload, result, each error with its traceback, effects.
+
+    \b
+    Example:
+      flask queue show 42
+    """
+    state = app_state()
+    job = state.store.get_job(job_id)
+    if job is None:
+        raise click.ClickException(f"No job with id {job_id}.")
+    with state.store.read() as conn:
+        effects = queries.job_effects(conn, job_id)
+    fields = [
+        ("id", job.id),
+        ("task", job.task),
+        ("queue", job.queue),
+        ("status", job.status),
+        ("attempts", f"{job.attempts}/{job.max_attempts}"),
+        ("priority", job.priority),
+        ("idempotency key", job.idempotency_key or "-"),
+        ("run at", format_time(job.run_at)),
+        ("created", format_time(job.created_at)),
+        ("updated", format_time(job.updated_at)),
+        ("started", format_time(job.started_at) or "-"),
+        ("finished", format_time(job.finished_at) or "-"),
+        ("worker", job.worker_id or "-"),
+        ("rescues", job.rescues),
+        ("releases", job.releases),
+        ("progress", progress_bar(job.progress, job.progress_message)),
+        ("cancel request", format_time(job.cancel_requested_at) or "-"),
+        ("last error", job.last_error or "-"),
+    ]
+    registered = state.registry.get(job.task)
+    if registered is not None and (registered.timeout is not None or registered.isolate):
+        fields.insert(-1, ("timeout", _timeout_text(registered.timeout, registered.isolate)))
+    width = max(len(name) for name, _ in fields)
+    for name, value in fields:
+        click.echo(f"{name.ljust(width)}  {value}")
+    click.echo("\nargs:")
+    click.echo(indent(json.dumps(job.args, indent=2, ensure_ascii=False)))
+    click.echo("kwargs:")
+    click.echo(indent(json.dumps(job.kwargs, indent=2, ensure_ascii=False)))
+    if job.payload_error:
+        click.echo(f"  ({job.payload_error})")
+    click.echo("result:")
+    click.echo(indent(json.dumps(job.result, indent=2, ensure_ascii=False)))
+    click.echo(f"effects reserved: {len(effects)}")
+    for key, at in effects:
+        click.echo(f"  {key}  ({format_time(at)})")
+    click.echo(f"errors: {len(job.errors)}")
+    for record in job.errors:
+        if not isinstance(record, dict):
+            click.echo(indent(repr(record)))
+            continue
+        click.echo(
+            f"  attempt {record.get('attempt')} at {record.get('at')} on {record.get('worker')}: "
+            f"{record.get('type')}: {record.get('message')}"
+        )
+        if record.get("traceback"):
+            click.echo(indent(str(record["traceback"]).rstrip(), 4))
+
+
+def _timeout_text(timeout: float | None, isolate: bool) -> str:
+    if timeout is None:
+        return "none (each attempt runs in a child process)"
+    where = "its child process is killed" if isolate else "enforced only with --processes"
+    return f"{timeout:g}s ({where})"
+
+
+@queue_cli.command("periodic")
+@clean_errors
+def periodic_command() -> None:
+    """List periodic tasks: schedule, next run (its time zone and UTC), last slot enqueued.
+
+    Every running worker (not --burst) enqueues each slot once; see docs/periodic.md.
+
+    \b
+    Example:
+      flask queue periodic
+    """
+    state = app_state()
+    infos = periodic.describe(state.store, state.registry)
+    if not infos:
+        click.echo("No periodic tasks; declare one with @queue.periodic('*/5 * * * *').")
+        return
+    rows = [
+        [
+            info.schedule.task,
+            info.schedule.expression,
+            info.schedule.timezone,
+            format_time(info.next_run_local) or "never",
+            format_time(info.next_run) or "never",
+            format_time(info.last_slot) or "-",
+            info.queue,
+            "yes" if info.schedule.backfill else "no",
+        ]
+        for info in infos
+    ]
+    headers = ["task", "schedule", "timezone", "next run (local)", "next run (UTC)"]
+    headers += ["last slot (UTC)", "queue", "backfill"]
+    click.echo(format_table(headers, rows))
+
+
+@queue_cli.command("doctor")
+@clean_errors
+def doctor_command() -> None:
+    """Check the queue's database: schema, SQLite settings or server version and SKIP
+    LOCKED, clock skew, stale workers, jobs no worker here can run. Exit 1 on a failure.
+
+    \b
+    Example:
+      flask queue doctor
+    """
+    from ..doctor import FAIL
+    from ..doctor import diagnose
+
+    state = app_state(check_schema=False)
+    findings = diagnose(state.store, state.registry)
+    for finding in findings:
+        line = f"{finding.level:<4}  {finding.message}"
+        click.echo(line + (f"\n      fix: {finding.fix}" if finding.fix else ""))
+    if any(f.level == FAIL for f in findings):
+        sys.exit(1)

@@ -1,0 +1,121 @@
+"""``flask queue work``: run jobs until stopped, with the signals' graceful stop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from types import FrameType
+
+import click
+from click.core import ParameterSource
+from flask.cli import ScriptInfo
+
+from ..core.enqueue import check_options
+from ..core.worker import WorkerOptions
+from ..extension import resolve_app
+from .base import app_state
+from .base import clean_errors
+from .base import queue_cli
+
+#: The flags' defaults are the worker's own: written once, in ``WorkerOptions``.
+WORKER_DEFAULTS = WorkerOptions()
+
+
+@queue_cli.command("work")
+@click.option(
+    "--queue", "queues", multiple=True, help="Serve this queue (repeatable). Default: all."
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 256),
+    default=WORKER_DEFAULTS.concurrency,
+    show_default=True,
+    help="Threads running jobs in this process.",
+)
+@click.option("--burst", is_flag=True, help="Exit 0 once no job is eligible now.")
+@click.option(
+    "--poll-interval",
+    type=click.FloatRange(0.01, 3600),
+    default=WORKER_DEFAULTS.poll_interval,
+    show_default=True,
+    help="Seconds between polls while idle.",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(0, 86400),
+    default=WORKER_DEFAULTS.grace,
+    show_default=True,
+    help="Seconds to let running jobs finish after SIGTERM/SIGINT.",
+)
+@click.option(
+    "--processes",
+    "-p",
+    type=click.IntRange(1, 256),
+    help="Run every job in a child process, this many at once (instead of --concurrency "
+    "threads): task timeouts are enforced and running jobs can be cancelled.",
+)
+@clean_errors
+def work_command(
+    queues: tuple[str, ...],
+    concurrency: int,
+    burst: bool,
+    poll_interval: float,
+    grace: float,
+    processes: int | None,
+) -> None:
+    """Run jobs until stopped.
+
+    SIGTERM or Ctrl-C: claim nothing more, let running jobs finish within --grace
+    seconds, hand unfinished ones back to pending, exit 0. A second signal exits at once.
+
+    With --processes N, N child processes (each loading the app) run the jobs, one at a
+    time each; a task's timeout kills its attempt, which counts as failed. Tasks declared
+    with isolate=True run in a child process in either mode.
+
+    \b
+    Example:
+      flask queue work --queue default --queue mail --concurrency 4
+      flask queue work --processes 4
+    """
+    for name in queues:
+        check_options(queue=name)
+    ctx = click.get_current_context()
+    if processes and ctx.get_parameter_source("concurrency") is not ParameterSource.DEFAULT:
+        raise click.UsageError("Give --processes or --concurrency, not both.")
+    state = app_state()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+    logging.getLogger("flask_sqlqueue").setLevel(logging.INFO)
+    options = state.worker_options(
+        queues=tuple(dict.fromkeys(queues)),
+        concurrency=concurrency,
+        poll_interval=poll_interval,
+        grace=grace,
+        processes=processes or 0,
+    )
+    loader = None
+    if processes or any(task.isolate for task in state.registry.values()):
+        from ..processes import AppLoader
+
+        loader = AppLoader.from_script_info(ctx.ensure_object(ScriptInfo))
+    worker = state.queue.worker(options, resolve_app(), loader=loader)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if worker.stopping:
+            click.echo("second signal: exiting now", err=True)
+            os._exit(1)
+        click.echo(
+            f"{signal.Signals(signum).name}: finishing running jobs (up to {grace:g}s)", err=True
+        )
+        worker.stop()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        worker.run(burst=burst)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
