@@ -27,7 +27,7 @@ from flask_sqlqueue.core.worker.attempt import Raised
 from flask_sqlqueue.core.worker.attempt import Returned
 from flask_sqlqueue.core.worker.attempt import Runner
 from flask_sqlqueue.core.worker.outcomes import Outcomes
-from flask_sqlqueue.core.worker.outcomes import failure
+from flask_sqlqueue.core.worker.outcomes import failure_of
 from flask_sqlqueue.core.worker.slots import Slots
 
 
@@ -259,25 +259,25 @@ def test_an_ordinary_error_retries_after_the_backoff() -> None:
     try:
         raise ShopError("out of stock")
     except ShopError as exc:
-        failed = failure(exc, backoff)
+        failed = failure_of(exc, backoff)
     assert (failed.kind, failed.message) == (f"{__name__}.ShopError", "out of stock")
     assert (failed.dead, failed.delay, backoff.calls) == (False, 42.0, 1)
     assert "Traceback" in failed.text and "out of stock" in failed.text
-    assert failure(ValueError("x"), backoff).kind == "ValueError"
+    assert failure_of(ValueError("x"), backoff).kind == "ValueError"
 
 
 def test_a_permanent_failure_is_dead_and_a_retry_brings_its_own_delay() -> None:
     backoff = _Backoff()
-    dead = failure(PermanentFailure("card declined"), backoff)
+    dead = failure_of(PermanentFailure("card declined"), backoff)
     assert (dead.dead, dead.message) == (True, "card declined")
-    retry = failure(Retry(5, "busy"), backoff)
+    retry = failure_of(Retry(5, "busy"), backoff)
     assert (retry.dead, retry.delay) == (False, 5.0)
     assert backoff.calls == 0, "the backoff (and its jitter) is drawn only when used"
 
 
 def test_a_failure_in_a_child_process_is_recorded_as_the_child_saw_it() -> None:
     backoff = _Backoff()
-    failed = failure(AttemptFailed("JobTimeout", "stopped after 2s", "child traceback"), backoff)
+    failed = failure_of(AttemptFailed("JobTimeout", "stopped after 2s", "child traceback"), backoff)
     assert (failed.kind, failed.message, failed.text) == (
         "JobTimeout",
         "stopped after 2s",

@@ -1,7 +1,7 @@
 """The worker: claims jobs, runs them on threads, records how each attempt ended.
 
-:class:`Worker` is a façade that wires four parts, each a module with one job and the
-state (and lock) of its own:
+:class:`Worker` is a façade that wires four parts, each a module with one job and
+state of its own:
 
 - ``dispatch``: the claim loop. It claims as many jobs as there are free threads, in one
   statement, hands them to job threads, and records the successes that finished since
@@ -17,6 +17,15 @@ state (and lock) of its own:
 
 ``slots`` counts the claimed jobs each thread holds; ``options`` is
 :class:`WorkerOptions`. Every transaction is short: none is open while a task runs.
+
+Threads, in :meth:`Worker.run`: the caller's runs the dispatcher's loop; ``concurrency``
+job threads run attempts and record their outcomes; the heartbeat thread (upkeep); a
+listener that sets the wake-up when another process enqueues; the periodic scheduler.
+Two locks guard what they share, each held only for a few dict and list updates:
+``Outcomes`` guards the successes waiting for a claim and the writes to retry, ``Slots``
+the claimed jobs. ``Outcomes`` may take ``Slots``' lock inside its own, never the
+reverse. The dispatcher, the runner and upkeep need none: each keeps state that one
+thread writes (upkeep's throttle of error lines aside, where a race costs a line).
 """
 
 from __future__ import annotations

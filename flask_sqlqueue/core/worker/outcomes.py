@@ -92,7 +92,7 @@ class Failure:
     delay: float
 
 
-def failure(error: BaseException, backoff: Callable[[], float]) -> Failure:
+def failure_of(error: BaseException, backoff: Callable[[], float]) -> Failure:
     """How an attempt that raised ``error`` is recorded. ``PermanentFailure`` ends the
     job, ``Retry`` gives its own delay, anything else retries after ``backoff()``."""
     text = lifecycle.format_error(error)
@@ -171,7 +171,7 @@ class Outcomes:
             self._record_success(attempt, outcome.value, outcome.elapsed)
         elif isinstance(outcome, NotRun):
             self._finish(
-                self._failure(attempt, outcome.kind, outcome.message, "", dead=outcome.dead)
+                self._failure_write(attempt, outcome.kind, outcome.message, "", dead=outcome.dead)
             )
         elif isinstance(outcome.error, ClaimLost):
             log.warning(
@@ -183,8 +183,8 @@ class Outcomes:
             self._record_cancelled(attempt)
         else:
             error, task = outcome.error, outcome.task
-            failed = failure(error, functools.partial(self._backoff, attempt, task))
-            write = self._failure(
+            failed = failure_of(error, functools.partial(self._backoff, attempt, task))
+            write = self._failure_write(
                 attempt,
                 failed.kind,
                 failed.message,
@@ -234,7 +234,7 @@ class Outcomes:
             # repeat it and most likely return as much: the job is dead (docs/outcomes.md).
             error = ResultTooLarge(attempt.job.task, size, self._store.value_limit)
             self._finish(
-                self._failure(attempt, TOO_LARGE_KIND, str(error), "", dead=True, error=error)
+                self._failure_write(attempt, TOO_LARGE_KIND, str(error), "", dead=True, error=error)
             )
             return
         success = Success(attempt, value, result, elapsed)
@@ -332,7 +332,7 @@ class Outcomes:
         def refused(exc: BaseException) -> _Write:
             reason = f"the database refused to store the result: {error_reason(exc)}"
             # The work is done, as with a result too large: the job is dead.
-            short = self._failure(attempt, REFUSED_KIND, reason, "", dead=True, error=exc)
+            short = self._failure_write(attempt, REFUSED_KIND, reason, "", dead=True, error=exc)
             return replace(short, fallback=None)
 
         return _Write(attempt, write, lambda _: self._succeeded(success), refused)
@@ -357,7 +357,7 @@ class Outcomes:
                 log.error("task %s: backoff failed (%r); using the default", job.task, exc)
         return self._store.backoff.delay(job.attempts, self._rng)
 
-    def _failure(
+    def _failure_write(
         self,
         attempt: Attempt,
         kind: str,
@@ -419,7 +419,7 @@ class Outcomes:
         def refused(exc: BaseException) -> _Write:
             what = lifecycle.cut_text(f"{record['type']}: {record['message']}", 300)
             reason = f"the database refused to store the error ({what}): {error_reason(exc)}"
-            short = self._failure(attempt, REFUSED_KIND, reason, "", dead=dead, delay=delay)
+            short = self._failure_write(attempt, REFUSED_KIND, reason, "", dead=dead, delay=delay)
             return replace(short, fallback=None)
 
         return _Write(attempt, apply, recorded, refused)
