@@ -153,9 +153,9 @@ class _DrainWorker(Worker):
         self.claimed: list[int] = []
 
     def _claim(self, limit: int) -> list[Any]:
-        rows = super()._claim(limit)
-        self.claimed.extend(row.id for row in rows)
-        return rows
+        attempts = super()._claim(limit)
+        self.claimed.extend(attempt.job.id for attempt in attempts)
+        return attempts
 
 
 def drain(

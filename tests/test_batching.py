@@ -77,17 +77,17 @@ def test_a_claim_waits_briefly_for_jobs_claimed_just_before_it(
     """Jobs of one claim that finish within LINGER of it are recorded in one commit
     (``complete_many`` gives them one ``finished_at``); a job running longer is not
     waited for."""
-    from flask_sqlqueue.core import worker as worker_module
+    from flask_sqlqueue.core.worker import dispatch
 
     log = str(tmp_path / "linger.log")
-    monkeypatch.setattr(worker_module, "LINGER", 0.6)
+    monkeypatch.setattr(dispatch, "LINGER", 0.6)
     together = [sample_app.record.enqueue(log, f"t{i}", 0.1 * i) for i in range(4)]
     worker = sample_app.queue.worker(WorkerOptions(concurrency=4), ctx)
     worker.run(burst=True)
     finished = {job.refresh().finished_at for job in together}
     assert len(finished) == 1, finished
 
-    monkeypatch.setattr(worker_module, "LINGER", 0.05)
+    monkeypatch.setattr(dispatch, "LINGER", 0.05)
     quick, slow = (sample_app.record.enqueue(log, tag, s) for tag, s in (("q", 0), ("s", 1.0)))
     worker = sample_app.queue.worker(WorkerOptions(concurrency=2), ctx)
     worker.run(burst=True)

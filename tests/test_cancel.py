@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from flask import Flask
@@ -14,6 +13,8 @@ from flask_sqlqueue import current_job
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core.context import JobContext
 from flask_sqlqueue.core.lifecycle import InvalidTransition
+from flask_sqlqueue.core.worker import Worker
+from flask_sqlqueue.core.worker.attempt import Attempt
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import control_app as c
 from tests.control_app import control_app  # noqa: F401  (fixture)
@@ -186,7 +187,7 @@ def test_cancel_requested_reads_the_row_at_most_once_a_second(control_app: Flask
         job = c.waits.enqueue()
     worker = c.queue.worker(app=app)
     claimed = worker._claim(1)
-    assert [r.id for r in claimed] == [job.id]
+    assert [a.job.id for a in claimed] == [job.id]
     ctx = lifecycle_context(worker, claimed[0])
     with c.statements(app) as seen:
         answers = {ctx.cancel_requested for _ in range(500)}
@@ -205,10 +206,9 @@ def test_cancel_requested_reads_the_row_at_most_once_a_second(control_app: Flask
     worker.close()
 
 
-def lifecycle_context(worker: Any, row: Any) -> JobContext:
-    """The context the worker would give the task running ``row``."""
-    context: JobContext = worker._context(row)
-    return context
+def lifecycle_context(worker: Worker, attempt: Attempt) -> JobContext:
+    """The context the worker would give the task running ``attempt``."""
+    return attempt.context(worker.store, worker.id)
 
 
 def test_outside_a_task_there_is_nothing_to_cancel() -> None:

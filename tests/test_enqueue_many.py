@@ -200,7 +200,7 @@ def test_one_batch_wakes_an_idle_worker(ctx: Flask) -> None:
     runner = threading.Thread(target=worker.run, name="sqlqueue-test-runner", daemon=True)
     runner.start()
     try:
-        while not worker._registered:
+        while not worker._upkeep.registered:
             time.sleep(0.02)
         time.sleep(0.3)  # let its first (empty) claim pass: it waits for a wake-up now
         made = sample_app.add.enqueue_many([([i, i], {}) for i in range(20)])

@@ -579,7 +579,7 @@ def test_enqueue_in_process_wakes_an_idle_worker(ctx: Flask, tmp_path: Path) -> 
     log = tmp_path / "wake.log"
     # Polling far less often than any wait here: only the wake-up can run the job in time.
     with WorkerThread(ctx, WorkerOptions(poll_interval=10 * WAIT)) as runner:
-        wait_for(lambda: runner.worker._registered)
+        wait_for(lambda: runner.worker._upkeep.registered)
         time.sleep(0.3)  # let it finish its first (empty) claim and start waiting
         job = sample_app.record.enqueue(str(log), "woken")
         wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the woken worker")

@@ -1,0 +1,304 @@
+"""The dispatcher: the claim loop that keeps a worker's job threads busy.
+
+One loop claims as many jobs as there are free slots, in one statement, and hands them
+to job threads. The successes that finished since its last claim are recorded in the
+same transaction as its next one, so one commit (one fsync on SQLite) serves both; a
+claim first waits a moment (:data:`LINGER`) for the jobs of the last one to finish too.
+Every transaction is short: a claim with its completions; none is open while a task
+runs. With ``burst`` the loop returns once nothing is eligible. On a stop it claims
+nothing more, lets the running jobs finish within the grace period and hands the rest
+back to ``pending`` without counting an attempt.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue as queue_module
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+from typing import Any
+
+import sqlalchemy as sa
+
+from .. import lifecycle
+from ..claim import ClaimRequest
+from ..claim import claim
+from ..claim import claim_job
+from ..limits import TaskLimits
+from .attempt import Attempt
+from .attempt import Runner
+from .options import WorkerOptions
+from .outcomes import Outcomes
+from .outcomes import Success
+from .slots import Slots
+from .upkeep import Upkeep
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+log = logging.getLogger("flask_sqlqueue.worker")
+
+#: How long a claim waits for jobs claimed less than this long ago to finish, so that
+#: their outcomes share its commit. Short jobs then finish in batches of the worker's
+#: concurrency instead of one commit per job or two; a job running longer than this is
+#: not waited for.
+LINGER = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class _Recorded:
+    """Successes just recorded (``done``: the ids completed), for a job thread to report."""
+
+    batch: list[Success]
+    done: set[int]
+
+
+class Dispatcher:
+    """Claims jobs and runs them on job threads; see the module's docstring.
+
+    No lock of its own: the loop's state (the last claim, the claims' connection) is the
+    dispatcher thread's alone. What the job threads share with it is in :class:`Slots`
+    and :class:`Outcomes`, each behind its own lock.
+
+    :param stopping: set when the worker is to claim nothing more.
+    :param wake: set when there may be jobs to claim (an enqueue, a freed slot).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        options: WorkerOptions,
+        *,
+        tasks: tuple[str, ...],
+        limits: Mapping[str, TaskLimits],
+        clock: Callable[[], datetime],
+        slots: Slots,
+        runner: Runner,
+        outcomes: Outcomes,
+        upkeep: Upkeep,
+        stopping: threading.Event,
+        wake: threading.Event,
+    ) -> None:
+        self._store = store
+        self._options = options
+        self._tasks = tasks
+        self._limits = limits
+        self._clock = clock
+        self._slots = slots
+        self._runner = runner
+        self._outcomes = outcomes
+        self._upkeep = upkeep
+        self._stopping = stopping
+        self._wake = wake
+        self._writer = store.writer()  # the claims' own connection
+        self._last_claim: tuple[float, list[int]] = (0.0, [])  # (time.monotonic(), its ids)
+        self._listener: threading.Thread | None = None
+
+    def run(self, burst: bool) -> None:
+        """Claim and hand out jobs until stopped (with ``burst``, until none is eligible),
+        then let the running ones finish within the grace period and hand back the rest."""
+        inbox: queue_module.SimpleQueue[Attempt | _Recorded | None] = queue_module.SimpleQueue()
+        threads = [
+            threading.Thread(
+                target=self._job_thread, args=(inbox,), name=f"sqlqueue-job-{n}", daemon=True
+            )
+            for n in range(self._options.concurrency)
+        ]
+        self._listener = threading.Thread(
+            target=self._store.ops.listen,
+            args=(self._store.engine, self._wake, self._stopping),
+            name="sqlqueue-listen",
+            daemon=True,
+        )
+        for thread in (*threads, self._listener):
+            thread.start()
+        self._outcomes.start_batching()
+        self._store.add_waiter(self._wake)
+        try:
+            self._dispatch(inbox, burst)
+        finally:
+            self._store.remove_waiter(self._wake)
+            self._stopping.set()
+            for _ in threads:
+                inbox.put(None)
+            if self._upkeep.fatal is None:  # else nothing can be written: running jobs are lost
+                self._finish_running()
+                self._outcomes.flush(last=True)  # every finished job's outcome is written
+
+    def join(self) -> None:
+        """Wait (a little) for the listener thread of the last :meth:`run` to end."""
+        if self._listener is not None:
+            self._listener.join(timeout=5)
+            self._listener = None
+
+    def close(self) -> None:
+        self._writer.close()
+
+    def _dispatch(self, inbox: queue_module.SimpleQueue[Any], burst: bool) -> None:
+        poll = self._options.poll_interval
+        while not self._stopping.is_set():
+            claiming = self._upkeep.may_claim()
+            self._wake.clear()
+            batch = self._outcomes.take_batch()
+            # Read before claiming (and after clearing the wake-up): a job that ends
+            # after an empty claim may have gone back to pending, eligible now, so a
+            # burst must claim once more. Each success in ``batch`` still fills its slot.
+            running = self._slots.count()
+            # The slots of the jobs recorded now are free once the claim commits.
+            free = self._options.concurrency - running + len(batch)
+            idle = not running
+            if not claiming:
+                self._outcomes.record_batch(batch)
+                self._stopping.wait(min(poll, 1.0))
+                continue
+            if free <= 0:
+                self._wake.wait(poll)
+                continue
+            if self._linger():
+                more = self._outcomes.take_batch()
+                batch += more
+                free += len(more)
+            try:
+                attempts, done = self._cycle(batch, free)
+            except Exception as exc:
+                # Never let a database fault (or a row it cannot read) end the worker:
+                # the claim rolled back, so log, back off and try again.
+                self._upkeep.log_db_error("claim", exc)
+                self._stopping.wait(min(poll, 1.0))
+                continue
+            for attempt in attempts:
+                inbox.put(attempt)
+            if batch:
+                # Logged and signalled by a job thread, while this one claims again.
+                inbox.put(_Recorded(batch, done))
+            if attempts or batch:
+                continue
+            if burst and idle:
+                return
+            self._wake.wait(poll)
+
+    def _linger(self) -> bool:
+        """Wait up to :data:`LINGER` for the jobs claimed just now to finish too; ``True``
+        if any did."""
+        waited = False
+        claimed_at, ids = self._last_claim
+        while True:
+            remaining = claimed_at + LINGER - time.monotonic()
+            if remaining <= 0 or self._stopping.is_set():
+                return waited
+            if self._slots.over(ids):
+                return waited
+            self._wake.clear()
+            self._wake.wait(remaining)
+            waited = True
+
+    def claim_once(self, limit: int) -> list[Attempt]:
+        """One claim outside :meth:`run`'s loop, which alone keeps its connection."""
+        try:
+            attempts, _ = self._cycle([], limit)
+        finally:
+            self._writer.close()
+        return attempts
+
+    def _cycle(self, batch: list[Success], limit: int) -> tuple[list[Attempt], set[int]]:
+        """Record the successes in ``batch`` and claim up to ``limit`` jobs, in one
+        transaction. Returns the attempts claimed and the ids of the jobs recorded
+        completed (the others had lost their claim)."""
+        token = uuid.uuid4().hex
+        try:
+            for tries in range(3):
+                now = self._clock()
+                try:
+                    with self._writer.begin() as conn:
+                        done = self._outcomes.complete(conn, batch, now)
+                        request = ClaimRequest(
+                            self._upkeep.id, token, now, limit, self._options.queues, self._tasks
+                        )
+                        rows = claim(conn, self._store.ops, request, self._limits)
+                    break
+                except sa.exc.DBAPIError as exc:
+                    # The database rolled the whole transaction back; nothing was taken.
+                    # Claims lock limit rows in one order, so this is rare: retry at once.
+                    if tries == 2 or not self._store.ops.is_deadlock(exc):
+                        raise
+        except Exception:
+            # Nothing was written: record the outcomes on their own (that retries while
+            # the database is away), and let the caller deal with the failed claim.
+            self._outcomes.record_batch(batch)
+            raise
+        ids = [row.id for row in rows]
+        self._slots.claimed(token, ids, recorded=[s.attempt.job.id for s in batch])
+        self._last_claim = (time.monotonic(), ids)
+        return [Attempt(row) for row in rows], done
+
+    def _job_thread(self, inbox: queue_module.SimpleQueue[Attempt | _Recorded | None]) -> None:
+        while True:
+            item = inbox.get()
+            if item is None:
+                return
+            if isinstance(item, _Recorded):
+                self._outcomes.report(item.batch, item.done)
+                continue
+            try:
+                self.execute(item)
+            except Exception:
+                # Never lose a job thread, nor strand the job as running while this worker
+                # heartbeats (no one would rescue it): hand it back to run again.
+                log.exception("job=%s: unexpected error while recording its outcome", item.job.id)
+                self._outcomes.hand_back(item, sys.exc_info()[1])
+            finally:
+                self._wake.set()
+
+    def execute(self, attempt: Attempt) -> None:
+        """Run ``attempt`` on this thread and record how it ended; then free its slot,
+        unless its success is held for the next claim."""
+        try:
+            self._outcomes.record(attempt, self._runner.run(attempt))
+        finally:
+            self._slots.finished(attempt.job.id)
+
+    def _finish_running(self) -> None:
+        """Wait up to the grace period for running jobs, then hand back the rest."""
+        deadline = time.monotonic() + self._options.grace
+        while time.monotonic() < deadline:
+            self._outcomes.flush()
+            if not self._slots.count():
+                return
+            time.sleep(0.05)
+        for job_id, token in self._slots.unfinished().items():
+            now = self._clock()
+            try:
+                released = self._store.run_write(
+                    functools.partial(lifecycle.release, job_id=job_id, token=token, now=now)
+                )
+            except sa.exc.SQLAlchemyError as exc:
+                log.error("job=%s could not be released (%s); it will be rescued", job_id, exc)
+                continue
+            if released:
+                log.warning("job=%s released unfinished at shutdown; it will run again", job_id)
+
+    # -- eager mode -------------------------------------------------------------------------------
+
+    def run_job(self, job_id: int) -> bool:
+        """Claim one specific pending job and run it now, in this thread (eager mode)."""
+        token = uuid.uuid4().hex
+        now = self._clock()
+
+        row = self._store.run_write(
+            lambda conn: claim_job(
+                conn, self._store.ops, job_id, worker_id=self._upkeep.id, token=token, now=now
+            )
+        )
+        if row is None:
+            return False
+        self._slots.claimed(token, [row.id])
+        self.execute(Attempt(row))
+        return True
