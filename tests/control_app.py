@@ -27,6 +27,8 @@ from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.store import Store
 from tests.conftest import install_schema
 from tests.waiting import WAIT
+from tests.workers import run_burst
+from tests.workers import running
 
 queue = SQLQueue()
 app_log = logging.getLogger("tests.control_app.tasks")
@@ -164,42 +166,19 @@ def csrf_token(page: str) -> str:
 
 @contextmanager
 def running_worker(app: Flask, **options: Any) -> Iterator[Worker]:
-    """``Worker.run()`` on a thread; stopped and joined on exit."""
+    """``Worker.run()`` on a thread; a task waiting on ``go`` is let go before it stops."""
     options.setdefault("poll_interval", 0.05)
     options.setdefault("grace", 5.0)
-    worker = queue.worker(WorkerOptions(**options), app)
-    errors: list[BaseException] = []
-
-    def target() -> None:
+    with running(queue.worker(WorkerOptions(**options), app)) as worker:
         try:
-            worker.run()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="sqlqueue-test-runner", daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        go.set()
-        worker.stop()
-        thread.join(WAIT)
-        assert not thread.is_alive(), "the worker did not stop"
-        assert not errors, errors
+            yield worker
+        finally:
+            go.set()
 
 
 def burst(app: Flask, **options: Any) -> None:
     options.setdefault("grace", 1.0)
-    worker = queue.worker(WorkerOptions(**options), app)
-    thread = threading.Thread(
-        target=lambda: worker.run(burst=True), name="sqlqueue-test-burst", daemon=True
-    )
-    thread.start()
-    thread.join(WAIT)
-    if thread.is_alive():
-        worker.stop()
-        thread.join(WAIT)
-        pytest.fail("a burst run did not finish in time")
+    run_burst(queue.worker(WorkerOptions(**options), app))
 
 
 @contextmanager

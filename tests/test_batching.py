@@ -23,6 +23,7 @@ from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.waiting import WAIT
 from tests.waiting import wait_for
+from tests.workers import running
 
 
 def store_of(app: Flask) -> Store:
@@ -169,9 +170,7 @@ def test_worker_records_many_outcomes_and_drops_the_one_it_lost(ctx: Flask, tmp_
     slow = [sample_app.record.enqueue(str(log), f"slow-{i}", 1.0) for i in range(3)]
     quick = sample_app.add.enqueue_many([([i, 1], {}) for i in range(30)])
     worker = sample_app.queue.worker(WorkerOptions(concurrency=4, poll_interval=0.05), ctx)
-    runner = threading.Thread(target=worker.run, name="sqlqueue-test-runner", daemon=True)
-    runner.start()
-    try:
+    with running(worker):
         wait_for(lambda: log.exists() and log.read_text().count("start") == 3, "the slow jobs")
         with store_of(ctx).write() as conn:  # what a rescue does to the first one
             conn.execute(
@@ -180,10 +179,6 @@ def test_worker_records_many_outcomes_and_drops_the_one_it_lost(ctx: Flask, tmp_
         wait_for(lambda: all(j.refresh().status is JobStatus.COMPLETED for j in slow[1:]), "slow")
         wait_for(lambda: all(j.refresh().status is JobStatus.COMPLETED for j in quick), "quick")
         wait_for(lambda: log.read_text().count("done") == 3, "the fenced job to finish")
-    finally:
-        worker.stop()
-        runner.join(WAIT)
-    assert not runner.is_alive()
     assert [job.result for job in quick] == [i + 1 for i in range(30)]
     assert [job.result for job in slow[1:]] == ["slow-1", "slow-2"]
     fenced = slow[0].refresh()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC
 from datetime import datetime
@@ -24,6 +22,7 @@ from tests import sample_app
 from tests.conftest import query_dicts
 from tests.waiting import WAIT
 from tests.waiting import wait_for
+from tests.workers import running
 
 
 @pytest.fixture
@@ -197,21 +196,14 @@ def test_one_batch_wakes_an_idle_worker(ctx: Flask) -> None:
     # A worker polling far less often than any wait here runs the whole batch well
     # before its next poll: the enqueue woke it.
     worker = sample_app.queue.worker(WorkerOptions(poll_interval=10 * WAIT, concurrency=4), ctx)
-    runner = threading.Thread(target=worker.run, name="sqlqueue-test-runner", daemon=True)
-    runner.start()
-    try:
-        while not worker._upkeep.registered:
-            time.sleep(0.02)
-        time.sleep(0.3)  # let its first (empty) claim pass: it waits for a wake-up now
+    with running(worker):
+        # Its first claim found nothing, so only a wake-up runs the jobs before its poll.
+        wait_for(worker._dispatcher.idle.is_set, "the worker to wait for a wake-up")
         made = sample_app.add.enqueue_many([([i, i], {}) for i in range(20)])
         wait_for(
             lambda: all(job.refresh().status is JobStatus.COMPLETED for job in made),
             "the batch to wake the worker",
         )
-    finally:
-        worker.stop()
-        runner.join(WAIT)
-    assert not runner.is_alive()
     assert [job.result for job in made] == [2 * i for i in range(20)]
 
 

@@ -42,7 +42,8 @@ from tests.conftest import flask_env
 from tests.conftest import query
 from tests.test_pause import lapp  # noqa: F401  (fixture)
 from tests.test_pause import make_lapp  # noqa: F401  (fixture)
-from tests.test_pause import wait_for
+from tests.waiting import wait_for
+from tests.workers import running
 
 Q = limits_app.queue
 
@@ -377,9 +378,7 @@ def test_a_worker_keeps_running_other_tasks_while_a_bucket_is_full(
         blocked = [limits_app.blocking.using(priority=5).enqueue().id for _ in range(20)]
         others = [limits_app.free.enqueue().id for _ in range(5)]
     worker = Q.worker(WorkerOptions(poll_interval=0.05, concurrency=3, grace=5), lapp)
-    thread = threading.Thread(target=worker.run, name="test-worker")
-    thread.start()
-    try:
+    with running(worker):
         status = lambda: dict(query(database_uri, "SELECT id, status FROM sqlqueue_jobs"))  # noqa: E731
         wait_for(lambda: all(status()[i] == "completed" for i in others), "the free jobs")
         now = status()
@@ -391,10 +390,6 @@ def test_a_worker_keeps_running_other_tasks_while_a_bucket_is_full(
 
         released.set()
         wait_for(lambda: all(status()[i] == "completed" for i in blocked), "the held jobs")
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-    assert not thread.is_alive()
 
 
 def test_status_and_admin_show_limits_per_key(lapp: Flask) -> None:  # noqa: F811

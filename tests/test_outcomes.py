@@ -43,7 +43,7 @@ from tests.test_processes import spawn
 from tests.test_processes import wait_exit
 from tests.test_resilience import running_worker
 from tests.test_timeouts import wait_until
-from tests.test_worker import run_burst
+from tests.workers import run_burst
 
 APP = "tests.outcomes_app:create_app"
 WAIT = 60.0  # upper bound, in seconds, of every wait here (a loaded 2-core machine)

@@ -4,7 +4,6 @@ and the admin's buttons."""
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests import limits_app
 from tests.conftest import install_schema
 from tests.conftest import query
 from tests.waiting import wait_for
+from tests.workers import running
 
 TOKEN = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
 
@@ -124,17 +124,9 @@ def test_a_queue_known_only_by_its_jobs_can_be_paused(lapp: Flask, database_uri:
 
 @pytest.fixture
 def running_worker(lapp: Flask) -> Iterator[Worker]:
-    worker = limits_app.queue.worker(
-        WorkerOptions(poll_interval=0.05, concurrency=2, grace=5), lapp
-    )
-    thread = threading.Thread(target=worker.run, name="test-worker")
-    thread.start()
-    try:
+    options = WorkerOptions(poll_interval=0.05, concurrency=2, grace=5)
+    with running(limits_app.queue.worker(options, lapp)) as worker:
         yield worker
-    finally:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def test_a_running_worker_stops_claiming_a_paused_queue_and_resumes(

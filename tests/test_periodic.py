@@ -46,6 +46,8 @@ from tests.conftest import install_schema
 from tests.conftest import query
 from tests.sample_app import queue as sample_queue
 from tests.sample_app import queue_app
+from tests.waiting import wait_for
+from tests.workers import running
 
 
 def at(hour: int, minute: int, second: int = 0, day: int = 3) -> datetime:
@@ -512,24 +514,21 @@ def test_a_running_worker_enqueues_and_runs_its_schedules(papp: Flask, database_
     app.config["SQLQUEUE_DATABASE_URI"] = database_uri
     seconds_queue.init_app(app)
     worker = seconds_queue.worker(WorkerOptions(poll_interval=0.05), app)
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            done = query(
+
+    def done() -> int:
+        return int(
+            query(
                 database_uri,
                 "SELECT count(*) FROM sqlqueue_jobs "
                 "WHERE task = 'every_second' AND status = 'completed'",
             )[0][0]
-            if done >= 3:
-                break
-            time.sleep(0.1)
+        )
+
+    try:
+        with running(worker):
+            wait_for(lambda: done() >= 3, "three slots enqueued and run")
     finally:
-        worker.stop()
-        thread.join(timeout=60)
         app.extensions["sqlqueue"].store.engine.dispose()
-    assert done >= 3
     found = keys(database_uri, "every_second")
     assert len(found) == len(set(found)) and all(k.startswith(KEY_PREFIX) for k in found)
 

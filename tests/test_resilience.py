@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import closing
@@ -31,8 +30,8 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
 from tests import sample_app
-from tests.waiting import WAIT
 from tests.waiting import wait_for
+from tests.workers import running
 
 
 def _store(app: Flask) -> Any:
@@ -60,24 +59,8 @@ def _count(app: Flask) -> int:
 def running_worker(
     app: Flask, *, sqlqueue: SQLQueue = sample_app.queue, **options: Any
 ) -> Iterator[Any]:
-    worker = sqlqueue.worker(WorkerOptions(**options), app)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="sqlqueue-test-worker")
-    thread.start()
-    try:
+    with running(sqlqueue.worker(WorkerOptions(**options), app)) as worker:
         yield worker
-    finally:
-        worker.stop()
-        thread.join(WAIT)
-    assert not thread.is_alive(), "the worker did not stop"
-    assert not errors, f"the worker died: {errors[0]!r}"
 
 
 @pytest.mark.sqlite_only

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,6 +18,8 @@ from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import fresh_database
 from tests.waiting import WAIT
+from tests.waiting import wait_for
+from tests.workers import running
 
 ENQUEUE = (
     "from tests import sample_app\n"
@@ -48,38 +47,33 @@ def server_uri(request: pytest.FixtureRequest) -> Iterator[str]:
 def test_idle_worker_wakes_for_another_process_long_before_its_poll(wake_uri: str) -> None:
     app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": wake_uri})
     sample_app.queue.upgrade_database(app=app)
-    worker = sample_app.queue.worker(WorkerOptions(poll_interval=60, grace=1), app)
-    thread = threading.Thread(target=worker.run, name="sqlqueue-test-listen")
-    thread.start()
+    # Polling far less often than the test waits: only a wake-up runs the job in time.
+    worker = sample_app.queue.worker(WorkerOptions(poll_interval=10 * WAIT, grace=1), app)
     try:
-        time.sleep(1.0)  # the worker has polled once and now waits up to 60 s
-        started = time.monotonic()
-        out = subprocess.run(
-            [sys.executable, "-c", ENQUEUE],
-            env=flask_env(wake_uri),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode == 0, out.stderr
-        job_id = int(out.stdout.strip())
-        job: Any = None
+        with running(worker):
+            wait_for(worker._dispatcher.idle.is_set, "the worker to wait for a wake-up")
+            out = subprocess.run(
+                [sys.executable, "-c", ENQUEUE],
+                env=flask_env(wake_uri),
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=WAIT,
+            )
+            assert out.returncode == 0, out.stderr
+            job_id = int(out.stdout.strip())
+
+            def completed() -> bool:
+                with app.app_context():
+                    job = sample_app.queue.get_job(job_id)
+                return job is not None and job.status is JobStatus.COMPLETED
+
+            wait_for(completed, "the job the other process enqueued (a wake-up)")
         with app.app_context():
-            while time.monotonic() - started < 20:
-                job = sample_app.queue.get_job(job_id)
-                if job is not None and job.status is JobStatus.COMPLETED:
-                    break
-                time.sleep(0.05)
-        assert job is not None and job.status is JobStatus.COMPLETED, (
-            "not woken by the other process"
-        )
-        assert job.result == 42
+            job = sample_app.queue.get_job(job_id)
+        assert job is not None and job.result == 42
     finally:
-        worker.stop()
-        thread.join(WAIT)
         app.extensions["sqlqueue"].store.engine.dispose()
-    assert not thread.is_alive()
 
 
 def test_a_skewed_host_uses_the_database_clock(

@@ -20,9 +20,9 @@ from flask_sqlqueue.core import queries
 from flask_sqlqueue.core.worker import WorkerOptions
 from tests import sample_app
 from tests.conftest import query
-from tests.test_worker import WorkerThread
 from tests.waiting import WAIT
 from tests.waiting import wait_for
+from tests.workers import running
 
 # A second app on the same database, registering a task the sample app's workers lack:
 # what a deploy that added a task looks like while the old workers still run.
@@ -54,7 +54,7 @@ def test_a_worker_records_and_logs_the_tasks_it_registers(
 ) -> None:
     app = make_app()
     caplog.set_level(logging.INFO, logger="flask_sqlqueue.worker")
-    with WorkerThread(app, WorkerOptions(poll_interval=0.05)):
+    with running(sample_app.queue.worker(WorkerOptions(poll_interval=0.05), app)):
         wait_for(lambda: len(_worker_rows(database_uri)) == 1)
         [(tasks,)] = _worker_rows(database_uri)
     assert json.loads(tasks) == sorted(sample_app.queue.registry)
@@ -74,7 +74,7 @@ def test_jobs_no_live_worker_registers_are_named(
         sample_app.add.enqueue(1, 2)  # a task the live worker runs: never named
 
     caplog.set_level(logging.WARNING, logger="flask_sqlqueue.worker")
-    with WorkerThread(app, WorkerOptions(poll_interval=0.05)):
+    with running(sample_app.queue.worker(WorkerOptions(poll_interval=0.05), app)):
         wait_for(lambda: any("newer.only" in r.getMessage() for r in caplog.records))
         # The app that registers the task: its own workers are not running.
         result = _status(other)
@@ -104,7 +104,8 @@ def test_a_worker_for_other_queues_does_not_serve_a_queue(make_app: Any, databas
     app = make_app()
     with app.app_context():
         sample_app.add.enqueue(1, 2)  # queue "default"
-    with WorkerThread(app, WorkerOptions(queues=("reports",), poll_interval=0.05)):
+    options = WorkerOptions(queues=("reports",), poll_interval=0.05)
+    with running(sample_app.queue.worker(options, app)):
         wait_for(lambda: len(_worker_rows(database_uri)) == 1)
         result = _status(app)
     assert (
@@ -124,7 +125,7 @@ def test_with_no_live_worker_status_says_so_once(make_app: Any, database_uri: st
         result.stderr
     )
     deadline = time.monotonic() + WAIT
-    with WorkerThread(app, WorkerOptions(poll_interval=0.05)):
+    with running(sample_app.queue.worker(WorkerOptions(poll_interval=0.05), app)):
         while query(database_uri, "SELECT id FROM sqlqueue_jobs WHERE status = 'pending'"):
             assert time.monotonic() < deadline, "the worker did not run the jobs"
             time.sleep(0.05)

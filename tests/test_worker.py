@@ -24,7 +24,6 @@ from sqlalchemy.pool import NullPool
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import SQLQueue
-from flask_sqlqueue import Worker
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core.claim import ClaimRequest
@@ -37,6 +36,8 @@ from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.waiting import WAIT
 from tests.waiting import wait_for
+from tests.workers import run_burst
+from tests.workers import running
 
 
 def store_of(app: Flask) -> Store:
@@ -63,27 +64,6 @@ def burst(app: Flask, **options: Any) -> None:
     run_burst(sample_app.queue.worker(WorkerOptions(**options), app))
 
 
-def run_burst(worker: Worker, timeout: float = WAIT) -> None:
-    """``worker.run(burst=True)``, failing the test instead of hanging if it never returns."""
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            worker.run(burst=True)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=target, name="sqlqueue-test-burst", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        worker.stop()
-        thread.join(WAIT)
-        pytest.fail(f"a burst run did not finish within {timeout}s")
-    if errors:
-        raise errors[0]
-
-
 def lines(path: Path) -> list[list[str]]:
     return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -93,33 +73,6 @@ def assert_near(value: datetime, low: datetime, high: datetime, seconds: float) 
     slack = timedelta(milliseconds=1)
     shift = timedelta(seconds=seconds)
     assert low + shift - slack <= value <= high + shift + slack, (value, low, high, seconds)
-
-
-class WorkerThread:
-    """``Worker.run()`` on a thread, always stopped and joined."""
-
-    def __init__(self, app: Flask, options: WorkerOptions, *, burst: bool = False) -> None:
-        self.worker = sample_app.queue.worker(options, app)
-        self.errors: list[BaseException] = []
-        self.thread = threading.Thread(
-            target=self._run, args=(burst,), name="sqlqueue-test-runner", daemon=True
-        )
-
-    def _run(self, burst: bool) -> None:
-        try:
-            self.worker.run(burst=burst)
-        except BaseException as exc:
-            self.errors.append(exc)
-
-    def __enter__(self) -> WorkerThread:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.worker.stop()
-        self.thread.join(WAIT)
-        assert not self.thread.is_alive(), "the worker did not stop"
-        assert not self.errors, self.errors
 
 
 # -- which job runs, and when --------------------------------------------------------------
@@ -578,9 +531,9 @@ def test_eager_mode_runs_the_task_at_enqueue(make_app: Any) -> None:
 def test_enqueue_in_process_wakes_an_idle_worker(ctx: Flask, tmp_path: Path) -> None:
     log = tmp_path / "wake.log"
     # Polling far less often than any wait here: only the wake-up can run the job in time.
-    with WorkerThread(ctx, WorkerOptions(poll_interval=10 * WAIT)) as runner:
-        wait_for(lambda: runner.worker._upkeep.registered)
-        time.sleep(0.3)  # let it finish its first (empty) claim and start waiting
+    with running(sample_app.queue.worker(WorkerOptions(poll_interval=10 * WAIT), ctx)) as worker:
+        # Its first claim found nothing, so only a wake-up runs the job before its poll.
+        wait_for(worker._dispatcher.idle.is_set, "the worker to wait for a wake-up")
         job = sample_app.record.enqueue(str(log), "woken")
         wait_for(lambda: job.refresh().status is JobStatus.COMPLETED, "the woken worker")
     assert job.result == "woken"
@@ -604,7 +557,7 @@ def test_no_transaction_is_held_while_a_task_runs(
     log = tmp_path / "slow.log"
     slow = sample_app.record.enqueue(str(log), "slow", 6.0)
     other_writer = sa.create_engine(database_uri, poolclass=NullPool)
-    with WorkerThread(ctx, WorkerOptions(), burst=True):
+    with running(sample_app.queue.worker(WorkerOptions(), ctx), burst=True):
         wait_for(lambda: any(parts[0] == "start" for parts in lines(log)))
         try:
             with other_writer.connect() as conn:

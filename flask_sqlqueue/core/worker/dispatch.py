@@ -101,6 +101,10 @@ class Dispatcher:
         self._writer = store.writer()  # the claims' own connection
         self._last_claim: tuple[float, list[int]] = (0.0, [])  # (time.monotonic(), its ids)
         self._listener: threading.Thread | None = None
+        #: Set while the loop waits for a wake-up or its next poll after a claim that
+        #: found nothing, with no job running: a job enqueued now runs only if the
+        #: enqueue wakes it (or at the next poll). For tests of the wake-ups.
+        self.idle = threading.Event()
 
     def run(self, burst: bool) -> None:
         """Claim and hand out jobs until stopped (with ``burst``, until none is eligible),
@@ -147,6 +151,7 @@ class Dispatcher:
         while not self._stopping.is_set():
             claiming = self._upkeep.may_claim()
             self._wake.clear()
+            self.idle.clear()
             batch = self._outcomes.take_batch()
             # Read before claiming (and after clearing the wake-up): a job that ends
             # after an empty claim may have gone back to pending, eligible now, so a
@@ -183,6 +188,8 @@ class Dispatcher:
                 continue
             if burst and idle:
                 return
+            if idle:
+                self.idle.set()
             self._wake.wait(poll)
 
     def _linger(self) -> bool:
