@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 from collections.abc import Callable
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask import Flask
-from werkzeug.serving import make_server
 
 from tests import sample_app
 from tests.conftest import ROOT
@@ -41,29 +39,22 @@ pytestmark = [
 
 
 @pytest.fixture
-def served(make_app: Callable[..., Flask]) -> Iterator[tuple[Flask, str]]:
-    """The sample app with the admin at /queue, served on 127.0.0.1 by a real server."""
+def app(make_app: Callable[..., Flask]) -> Flask:
+    """The sample app with the admin at /queue: pytest-flask's ``live_server`` serves it
+    from a process of its own, on a free port of 127.0.0.1."""
     app = make_app()
     app.secret_key = "browser test"
     app.register_blueprint(
         sample_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/queue"
     )
-    server = make_server("127.0.0.1", 0, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, name="admin-browser-server")
-    thread.start()
-    try:
-        yield app, f"http://127.0.0.1:{server.server_port}/queue"
-    finally:
-        server.shutdown()
-        thread.join(10)
-        server.server_close()
+    return app
 
 
 def test_dashboard_filter_open_and_retry_a_dead_job(
-    served: tuple[Flask, str], database_uri: str
+    app: Flask, live_server: Any, database_uri: str
 ) -> None:
     sync_api = pytest.importorskip("playwright.sync_api")
-    app, base = served
+    base = live_server.url("/queue")
     with app.app_context():
         for i in range(12):
             sample_app.add.enqueue(i, i)

@@ -2,8 +2,9 @@
 ``flask_sqlqueue.testing`` plugin's fixtures, no worker process and no sleeping.
 
 docs/testing.md shows this file. A user's ``conftest.py`` would hold the
-``pytest_plugins`` line and an ``app`` fixture (the plugin uses it by default); this
-suite's conventions keep ``app`` for pytest-flask, so it overrides ``sqlqueue_app``.
+``pytest_plugins`` line and the ``app`` fixture, which the plugin's fixtures use by
+default and from which pytest-flask makes ``client`` (it also pushes a request context
+around each test).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ EVENT = {"id": "evt_1", "type": "payment.succeeded", "data": {"amount": 1299}}
 
 
 @pytest.fixture
-def shop(
+def app(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, database_uri: str, backend: str
 ) -> Iterator[Flask]:
     """The example app on the test's database with the queue's tables created."""
@@ -47,18 +48,8 @@ def shop(
     app.extensions["sqlqueue"].store.engine.dispose()
 
 
-@pytest.fixture
-def sqlqueue_app(shop: Flask) -> Flask:
-    return shop
-
-
-@pytest.fixture
-def client(shop: Flask) -> FlaskClient:
-    return shop.test_client()
-
-
 def test_a_webhook_delivered_twice_is_handled_once(
-    client: FlaskClient, sqlqueue: QueueTester, shop: Flask
+    client: FlaskClient, sqlqueue: QueueTester, app: Flask
 ) -> None:
     first = client.post("/webhooks/payments", json=EVENT)
     again = client.post("/webhooks/payments", json=EVENT)
@@ -71,7 +62,7 @@ def test_a_webhook_delivered_twice_is_handled_once(
     [ran] = sqlqueue.drain()
     assert ran.id == job.id
     assert ran.result == {"event_id": "evt_1", "type": "payment.succeeded", "applied": True}
-    log = Path(shop.instance_path, "payments.log").read_text()
+    log = Path(app.instance_path, "payments.log").read_text()
     assert log == "evt_1 payment.succeeded amount=1299\n"
     sqlqueue.assert_not_enqueued(handle_payment_event)
 
@@ -102,9 +93,9 @@ def test_reports_run_inline_in_eager_mode(client: FlaskClient, sqlqueue_eager: Q
 
 
 def test_a_flaky_partner_is_retried_until_the_job_goes_dead(
-    client: FlaskClient, sqlqueue: QueueTester, shop: Flask
+    client: FlaskClient, sqlqueue: QueueTester, app: Flask
 ) -> None:
-    shop.config["EXAMPLE_FLAKY_FAILURE_RATE"] = 1.0  # the partner is down
+    app.config["EXAMPLE_FLAKY_FAILURE_RATE"] = 1.0  # the partner is down
     client.post("/orders/42/shipping-quote")
     # The first attempt fails now; the retries wait for their backoff.
     [first] = sqlqueue.drain()
@@ -112,16 +103,16 @@ def test_a_flaky_partner_is_retried_until_the_job_goes_dead(
     # Run the retries too: the test's clock jumps to each one's run_at.
     [ran] = sqlqueue.drain(include_scheduled=True)
     assert (ran.status, ran.attempts) == (JobStatus.DEAD, 3)
-    assert not Path(shop.instance_path, "outbox.log").exists()  # no email went out
+    assert not Path(app.instance_path, "outbox.log").exists()  # no email went out
 
 
 def test_a_retry_runs_once_the_clock_passes_its_backoff(
-    client: FlaskClient, sqlqueue: QueueTester, shop: Flask
+    client: FlaskClient, sqlqueue: QueueTester, app: Flask
 ) -> None:
-    shop.config["EXAMPLE_FLAKY_FAILURE_RATE"] = 1.0
+    app.config["EXAMPLE_FLAKY_FAILURE_RATE"] = 1.0
     client.post("/orders/7/shipping-quote")
     [first] = sqlqueue.drain()
-    shop.config["EXAMPLE_FLAKY_FAILURE_RATE"] = 0.0  # the partner is back
+    app.config["EXAMPLE_FLAKY_FAILURE_RATE"] = 0.0  # the partner is back
     # Before the retry's time, however long the first attempt took, it is not due.
     retry_at = first.refresh().run_at
     sqlqueue.clock.set(retry_at - timedelta(seconds=30))
