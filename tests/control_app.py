@@ -26,6 +26,7 @@ from flask_sqlqueue import current_job
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.store import Store
 from tests.conftest import install_schema
+from tests.sample_app import queue_app
 from tests.waiting import WAIT
 from tests.workers import run_burst
 from tests.workers import running
@@ -118,20 +119,12 @@ def logs(message: str) -> str:
 
 def make_app(database_uri: str, tmp_path: Path, **config: Any) -> Flask:
     """An app for ``queue`` on ``database_uri`` (empty at first), schema at head."""
-    app = Flask(__name__)
+    if not database_uri.startswith("sqlite"):
+        install_schema(database_uri)  # faster than the migrations, on an empty server
+    app = queue_app(__name__, queue, {"SQLQUEUE_DATABASE_URI": database_uri, **config})
     app.instance_path = str(tmp_path / "instance")
-    app.config.update(
-        SQLQUEUE_DATABASE_URI=database_uri,
-        SQLQUEUE_BACKOFF_BASE=0,
-        SQLQUEUE_BACKOFF_JITTER=0,
-        **config,
-    )
     if database_uri.startswith("sqlite"):
-        queue.init_app(app)
         queue.upgrade_database(app=app)
-    else:
-        install_schema(database_uri)
-        queue.init_app(app)
     return app
 
 

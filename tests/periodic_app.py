@@ -14,6 +14,7 @@ from flask import Flask
 
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import current_job
+from tests.sample_app import queue_app
 
 queue = SQLQueue()
 
@@ -48,8 +49,5 @@ def daily_backfill() -> None:
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:
-    app = Flask(__name__)
-    app.config.update(SQLQUEUE_DATABASE_URI=os.environ.get("PERIODIC_DATABASE_URI"))
-    app.config.update(config or {})
-    queue.init_app(app)
-    return app
+    uri = os.environ.get("PERIODIC_DATABASE_URI")
+    return queue_app(__name__, queue, {"SQLQUEUE_DATABASE_URI": uri, **(config or {})})
