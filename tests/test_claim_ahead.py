@@ -4,16 +4,20 @@ stop hands it back without counting an attempt."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from flask import Flask
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.models import utcnow
+from flask_sqlqueue.core.models import workers
 from flask_sqlqueue.core.worker import dispatch
 from tests import sample_app
 from tests.waiting import wait_for
@@ -119,3 +123,37 @@ def test_claim_ahead_must_be_zero_or_more() -> None:
 
     with pytest.raises(ConfigurationError, match="claim_ahead"):
         WorkerOptions(claim_ahead=-1)
+
+
+def test_jobs_claimed_ahead_show_as_such_in_status_and_the_admin(
+    make_app: Callable[..., Flask], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's heartbeat records the jobs it claimed ahead and has not started;
+    ``flask queue status`` counts them and the admin marks them among the running."""
+    monkeypatch.setattr(dispatch, "STALL_AFTER", 3600.0)  # the buffer stays behind the long job
+    app = make_app()
+    app.register_blueprint(
+        sample_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q"
+    )
+    log = tmp_path / "jobs.log"
+    with app.app_context():
+        long, quick = _buffer_behind_a_long_job(log, quick=3)
+        # A heartbeat every 0.25 s (a quarter of stale_after).
+        worker = sample_app.queue.worker(WorkerOptions(concurrency=1, stale_after=1.0), app)
+        with running(worker):
+            wait_for(lambda: "long" in started(log), "the long job to start")
+            ids = {job.id for job in quick}
+
+            def recorded() -> set[int]:
+                with sample_app.queue.state().store.read() as conn:
+                    row = conn.execute(
+                        sa.select(workers.c.claimed_ahead).where(workers.c.id == worker.id)
+                    ).one()
+                return set(json.loads(row.claimed_ahead or "[]"))
+
+            wait_for(lambda: recorded() == ids, "a heartbeat that records the buffer")
+            status = app.test_cli_runner().invoke(args=["queue", "status"])
+            assert "running: 3 of them claimed ahead" in status.output, status.output
+            page = app.test_client().get("/q/workers").get_data(as_text=True)
+            assert page.count("(claimed ahead, not started)") == 3, page
+            assert f"#{long.id} " in page
