@@ -83,14 +83,15 @@ def test_a_claim_waits_briefly_for_jobs_claimed_just_before_it(
     log = str(tmp_path / "linger.log")
     monkeypatch.setattr(dispatch, "LINGER", 0.6)
     together = [sample_app.record.enqueue(log, f"t{i}", 0.1 * i) for i in range(4)]
-    worker = sample_app.queue.worker(WorkerOptions(concurrency=4), ctx)
+    # Without claiming ahead, which records short jobs in batches of its own.
+    worker = sample_app.queue.worker(WorkerOptions(concurrency=4, claim_ahead=0), ctx)
     worker.run(burst=True)
     finished = {job.refresh().finished_at for job in together}
     assert len(finished) == 1, finished
 
     monkeypatch.setattr(dispatch, "LINGER", 0.05)
     quick, slow = (sample_app.record.enqueue(log, tag, s) for tag, s in (("q", 0), ("s", 1.0)))
-    worker = sample_app.queue.worker(WorkerOptions(concurrency=2), ctx)
+    worker = sample_app.queue.worker(WorkerOptions(concurrency=2, claim_ahead=0), ctx)
     worker.run(burst=True)
     quick_at, slow_at = quick.refresh().finished_at, slow.refresh().finished_at
     assert quick_at is not None and slow_at is not None

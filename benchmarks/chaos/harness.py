@@ -58,6 +58,16 @@ class ChaosError(Exception):
 # -- results ------------------------------------------------------------------------------
 
 
+#: Jobs a worker may claim beyond its threads while jobs are short (``--claim-ahead``).
+CLAIM_AHEAD = 64
+
+
+def most_claimed(workers: int, threads: int) -> int:
+    """The most jobs ``workers`` workers of ``threads`` threads may hold ``running``:
+    their threads' worth, and what each may claim ahead of them."""
+    return workers * (threads + CLAIM_AHEAD)
+
+
 @dataclass
 class ScenarioResult:
     """What one scenario measured and every violation of the contract it saw."""
@@ -385,6 +395,7 @@ class Harness:
         self, threads: int = 2, *, grace: float = 5.0, poll: float = 0.2, **extra_env: str
     ) -> Proc:
         args = [*FLASK, "queue", "work", "--concurrency", str(threads)]
+        args += ["--claim-ahead", str(CLAIM_AHEAD)]
         args += ["--grace", f"{grace:g}", "--poll-interval", f"{poll:g}"]
         return self.spawn("worker", args, **extra_env)
 

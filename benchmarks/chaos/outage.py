@@ -24,6 +24,7 @@ from benchmarks.chaos.harness import Harness
 from benchmarks.chaos.harness import ScenarioResult
 from benchmarks.chaos.harness import backend_of
 from benchmarks.chaos.harness import kill_mysql_connections
+from benchmarks.chaos.harness import most_claimed
 from benchmarks.chaos.harness import wait_for
 
 
@@ -126,10 +127,11 @@ def outage(
         ids = h.enqueue([(chaos_app.work, (job_ms,)) for _ in range(jobs)])
         time.sleep(lead)
         running_before = h.counts()
+        most = most_claimed(workers, threads)
         result.check(
-            running_before.get("running", 0) <= slots,
-            f"{running_before.get('running', 0)} jobs running with only {slots} worker threads: "
-            "a claim took more jobs than its limit",
+            running_before.get("running", 0) <= most,
+            f"{running_before.get('running', 0)} jobs running with at most {most} claimed by "
+            "the workers: a claim took more jobs than its limit",
         )
         died_during: list[str] = []
         interval = 0.2 if h.backend == "postgresql" else 0.1

@@ -254,6 +254,7 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
                 "queues": w.queues.split(",") if w.queues else [],
                 "stale": not w.fresh,
                 "running": running_by_worker.get(w.id, []),
+                "ahead": queries.claimed_ahead(w),
             }
             for w in queries.live_workers(conn, fresh)
         ]

@@ -42,7 +42,9 @@ def status_command() -> None:
     now = state.store.now()
     with state.store.read() as conn:
         rows = queries.status(conn, now)
-        cover = queries.coverage(conn, state.store.heartbeat_fresh(state.settings.stale_after, now))
+        fresh = state.store.heartbeat_fresh(state.settings.stale_after, now)
+        cover = queries.coverage(conn, fresh)
+        ahead = sum(len(queries.claimed_ahead(w)) for w in queries.live_workers(conn, fresh))
     if not rows:
         click.echo("No jobs.")
         _echo_schedules(state, now)
@@ -65,6 +67,11 @@ def status_command() -> None:
     for status in odd:
         click.echo(
             f"warning: jobs with unknown status {status!r}; no worker touches them.", err=True
+        )
+    if ahead:
+        click.echo(
+            f"running: {ahead} of them claimed ahead by their workers and not started "
+            "(as of each worker's last heartbeat)"
         )
     _echo_unserved(cover, state.registry)
     _echo_schedules(state, now)

@@ -56,6 +56,14 @@ WORKER_DEFAULTS = WorkerOptions()
     help="Run every job in a child process, this many at once (instead of --concurrency "
     "threads): task timeouts are enforced and running jobs can be cancelled.",
 )
+@click.option(
+    "--claim-ahead",
+    type=click.IntRange(0, 10_000),
+    default=WORKER_DEFAULTS.claim_ahead,
+    show_default=True,
+    help="While jobs are short, claim up to this many beyond the free threads, so one "
+    "commit serves many jobs; 0 claims only for free threads.",
+)
 @clean_errors
 def work_command(
     queues: tuple[str, ...],
@@ -64,6 +72,7 @@ def work_command(
     poll_interval: float,
     grace: float,
     processes: int | None,
+    claim_ahead: int,
 ) -> None:
     """Run jobs until stopped.
 
@@ -96,6 +105,7 @@ def work_command(
         poll_interval=poll_interval,
         grace=grace,
         processes=processes or 0,
+        claim_ahead=claim_ahead,
     )
     loader = None
     if processes or any(task.isolate for task in state.registry.values()):

@@ -508,14 +508,23 @@ def register_worker(
 
 
 def heartbeat(
-    conn: Connection, worker_id: str, now: datetime, boot: BootClock | None = None
+    conn: Connection,
+    worker_id: str,
+    now: datetime,
+    boot: BootClock | None = None,
+    claimed_ahead: Sequence[int] = (),
 ) -> bool:
-    """Stamp the worker's row with ``now`` and its boot clock (see core/liveness.py).
-    ``False`` when the row is gone: it was declared dead and must stop."""
+    """Stamp the worker's row with ``now``, its boot clock (see core/liveness.py) and
+    the jobs it claimed ahead and has not started. ``False`` when the row is gone: it
+    was declared dead and must stop."""
     done = conn.execute(
         sa.update(workers)
         .where(workers.c.id == worker_id, workers.c.stopped_at.is_(None))
-        .values(last_heartbeat_at=now, **({} if boot is None else boot.stamp()))
+        .values(
+            last_heartbeat_at=now,
+            claimed_ahead=json.dumps(list(claimed_ahead)),
+            **({} if boot is None else boot.stamp()),
+        )
     )
     return done.rowcount == 1
 

@@ -232,6 +232,10 @@ class WorkerRow(Base):
     #: ``None`` where the machine has no boot clock.
     boot_id: Mapped[str | None] = mapped_column(sa.String(36))
     boot_clock_us: Mapped[int | None] = mapped_column(sa.BigInteger)
+    #: The jobs the worker claimed ahead of its free threads and had not started at its
+    #: last heartbeat, as a JSON list of ids (core/worker/dispatch.py); ``None`` before
+    #: its first heartbeat, or from a version that did not record them.
+    claimed_ahead: Mapped[str | None] = mapped_column(sa.Text)
 
     __table_args__ = MYSQL_TABLE
 

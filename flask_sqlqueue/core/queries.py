@@ -217,6 +217,16 @@ def live_workers(conn: Connection, fresh: sa.ColumnElement[bool]) -> list[Any]:
     return list(conn.execute(query.order_by(workers.c.started_at)).all())
 
 
+def claimed_ahead(worker: Any) -> set[int]:
+    """The jobs ``worker`` (a row of :func:`live_workers`) had claimed ahead of its free
+    threads and not started at its last heartbeat (core/worker/dispatch.py)."""
+    try:
+        ids = json.loads(worker.claimed_ahead or "[]")
+    except ValueError:  # edited by hand: show nothing rather than fail the page
+        return set()
+    return {i for i in ids if type(i) is int} if isinstance(ids, list) else set()
+
+
 def gone_workers(conn: Connection, since: datetime) -> list[Any]:
     """Workers that stopped or were declared lost since ``since``, newest first."""
     query = sa.select(workers).where(workers.c.stopped_at >= since)

@@ -1,18 +1,34 @@
 """The dispatcher: the claim loop that keeps a worker's job threads busy.
 
-One loop claims as many jobs as there are free slots, in one statement, and hands them
-to job threads. The successes that finished since its last claim are recorded in the
-same transaction as its next one, so one commit (one fsync on SQLite) serves both; a
-claim first waits a moment (:data:`LINGER`) for the jobs of the last one to finish too.
-Every transaction is short: a claim with its completions; none is open while a task
-runs. With ``burst`` the loop returns once nothing is eligible. On a stop it claims
-nothing more, lets the running jobs finish within the grace period and hands the rest
-back to ``pending`` without counting an attempt.
+One loop claims jobs in one statement and hands them to job threads. The successes that
+finished since its last claim are recorded in the same transaction as its next one, so
+one commit (one fsync on SQLite) serves both. Every transaction is short: a claim with
+its completions; none is open while a task runs. With ``burst`` the loop returns once
+nothing is eligible. On a stop it claims nothing more, hands back the jobs not started,
+lets the running ones finish within the grace period and hands the rest back to
+``pending``; no attempt is counted for any job handed back.
+
+How many jobs a claim takes depends on how long recent jobs took:
+
+- Short jobs (a few milliseconds): the claim takes *ahead*, beyond the free threads, up
+  to :data:`AHEAD_WINDOW` seconds of work per thread (at most
+  ``WorkerOptions.claim_ahead`` jobs). They wait in the worker's buffer, and the next
+  claim, with the successes of all that ran meanwhile, comes when half the buffer is
+  used: one commit per many jobs instead of one per thread's worth.
+- Long jobs, or while a job runs longer than :data:`STALL_AFTER`, or before the first
+  job finished: the claim takes the free threads' worth, and only when a thread is free;
+  a claim then first waits a moment (:data:`LINGER`) for the jobs of the last one to
+  finish too, so short ones finish in batches of the concurrency.
+- A buffer never waits behind long jobs: when every thread has run its job for more
+  than :data:`STALL_AFTER` while jobs wait, those go back to ``pending`` (no attempt
+  counted), free for an idle worker.
+
+Workers with concurrency or rate limits (core/limits.py) never claim ahead: a job
+claimed counts against its limit as soon as it is claimed.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import queue as queue_module
 import sys
@@ -51,6 +67,13 @@ log = logging.getLogger("flask_sqlqueue.worker")
 #: concurrency instead of one commit per job or two; a job running longer than this is
 #: not waited for.
 LINGER = 0.001
+#: Seconds of work per thread a claim may take ahead of the free threads (see above).
+AHEAD_WINDOW = 0.02
+#: A job running longer than this stops claiming ahead, and hands back the buffer when
+#: every thread runs one.
+STALL_AFTER = 0.1
+#: Successes wait at most about this long for a claim to record them with.
+FLUSH_AFTER = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +121,7 @@ class Dispatcher:
         self._upkeep = upkeep
         self._stopping = stopping
         self._wake = wake
+        self._limited = bool(limits)
         self._writer = store.writer()  # the claims' own connection
         self._last_claim: tuple[float, list[int]] = (0.0, [])  # (time.monotonic(), its ids)
         self._listener: threading.Thread | None = None
@@ -148,31 +172,49 @@ class Dispatcher:
 
     def _dispatch(self, inbox: queue_module.SimpleQueue[Any], burst: bool) -> None:
         poll = self._options.poll_interval
+        threads = self._options.concurrency
+        unrecorded_since: float | None = None  # successes waiting, no claim due
         while not self._stopping.is_set():
             claiming = self._upkeep.may_claim()
             self._wake.clear()
             self.idle.clear()
+            if not claiming:
+                self._outcomes.record_batch(self._outcomes.take_batch())
+                self._stopping.wait(min(poll, 1.0))
+                continue
+            ahead = self._ahead()
+            waiting = self._slots.waiting()
+            successes = self._outcomes.waiting()
+            # Jobs this worker still holds once the waiting successes are recorded.
+            kept = self._slots.count() - successes
+            starving = kept < threads  # a thread would have nothing to run
+            refill = ahead > 0 and waiting <= ahead // 2 and kept < threads + ahead
+            if not (starving or refill):
+                if self._slots.stalled(STALL_AFTER, threads):
+                    self._hand_back_waiting()
+                    continue
+                now = time.monotonic()
+                if not successes:
+                    unrecorded_since = None
+                elif unrecorded_since is None:
+                    unrecorded_since = now
+                elif now - unrecorded_since >= FLUSH_AFTER:
+                    unrecorded_since = None
+                    self._outcomes.record_batch(self._outcomes.take_batch())
+                    continue
+                self._wake.wait(min(poll, FLUSH_AFTER) if waiting or successes else poll)
+                continue
+            unrecorded_since = None
+            if not ahead:
+                self._linger()
             batch = self._outcomes.take_batch()
             # Read before claiming (and after clearing the wake-up): a job that ends
             # after an empty claim may have gone back to pending, eligible now, so a
-            # burst must claim once more. Each success in ``batch`` still fills its slot.
-            running = self._slots.count()
-            # The slots of the jobs recorded now are free once the claim commits.
-            free = self._options.concurrency - running + len(batch)
-            idle = not running
-            if not claiming:
-                self._outcomes.record_batch(batch)
-                self._stopping.wait(min(poll, 1.0))
-                continue
-            if free <= 0:
-                self._wake.wait(poll)
-                continue
-            if self._linger():
-                more = self._outcomes.take_batch()
-                batch += more
-                free += len(more)
+            # burst must claim once more. Each success in ``batch`` is still counted.
+            held = self._slots.count()
+            idle = not held
             try:
-                attempts, done = self._cycle(batch, free)
+                attempts, done = self._cycle(batch, threads + ahead - (held - len(batch)))
             except Exception as exc:
                 # Never let a database fault (or a row it cannot read) end the worker:
                 # the claim rolled back, so log, back off and try again.
@@ -192,20 +234,59 @@ class Dispatcher:
                 self.idle.set()
             self._wake.wait(poll)
 
-    def _linger(self) -> bool:
-        """Wait up to :data:`LINGER` for the jobs claimed just now to finish too; ``True``
-        if any did."""
-        waited = False
+    def _ahead(self) -> int:
+        """How many jobs the next claim may take beyond the free threads (see the
+        module's docstring)."""
+        most = self._options.claim_ahead
+        if not most or self._limited:
+            return 0
+        typical = self._slots.typical()
+        if typical is None or self._slots.longest() > STALL_AFTER:
+            return 0
+        per_thread = AHEAD_WINDOW / max(typical, 1e-6)
+        return min(most, int(self._options.concurrency * per_thread))
+
+    def _hand_back_waiting(self) -> None:
+        """Hand the jobs waiting in this worker's buffer back to pending, without
+        counting an attempt, for any worker to take."""
+        back = self._slots.take_back()
+        if not back:
+            return
+        try:
+            released = self._release(back)
+        except sa.exc.SQLAlchemyError as exc:
+            # Still claimed by this live worker: keep them, or no one would run them.
+            self._slots.restore(back)
+            self._upkeep.log_db_error("hand back", exc)
+            return
+        log.info("handed back %d job(s) claimed ahead and not started", len(released))
+
+    def _release(self, claims: Mapping[int, str]) -> list[int]:
+        """Hand the jobs of ``claims`` (id: claim token) back to pending without counting
+        an attempt, in one transaction, and wake the workers; returns the ids released
+        (the others had lost their claim)."""
+        now = self._clock()
+
+        def release(conn: sa.Connection) -> list[int]:
+            done = [i for i, t in claims.items() if lifecycle.release(conn, i, t, now)]
+            if done:
+                self._store.ops.notify(conn)
+            return done
+
+        released = self._store.run_write(release)
+        if released:
+            self._store.wake()
+        return released
+
+    def _linger(self) -> None:
+        """Wait up to :data:`LINGER` for the jobs claimed just now to finish too."""
         claimed_at, ids = self._last_claim
         while True:
             remaining = claimed_at + LINGER - time.monotonic()
-            if remaining <= 0 or self._stopping.is_set():
-                return waited
-            if self._slots.over(ids):
-                return waited
+            if remaining <= 0 or self._stopping.is_set() or self._slots.over(ids):
+                return
             self._wake.clear()
             self._wake.wait(remaining)
-            waited = True
 
     def claim_once(self, limit: int) -> list[Attempt]:
         """One claim outside :meth:`run`'s loop, which alone keeps its connection."""
@@ -266,31 +347,37 @@ class Dispatcher:
 
     def execute(self, attempt: Attempt) -> None:
         """Run ``attempt`` on this thread and record how it ended; then free its slot,
-        unless its success is held for the next claim."""
+        unless its success is held for the next claim. Nothing runs if the attempt was
+        handed back while it waited."""
+        if not self._slots.start(attempt.job.id, attempt.token):
+            return
         try:
             self._outcomes.record(attempt, self._runner.run(attempt))
         finally:
             self._slots.finished(attempt.job.id)
 
     def _finish_running(self) -> None:
-        """Wait up to the grace period for running jobs, then hand back the rest."""
+        """Hand back the jobs not started; wait up to the grace period for the running
+        ones, then hand back the rest."""
+        self._hand_back_waiting()
         deadline = time.monotonic() + self._options.grace
         while time.monotonic() < deadline:
             self._outcomes.flush()
             if not self._slots.count():
                 return
             time.sleep(0.05)
-        for job_id, token in self._slots.unfinished().items():
-            now = self._clock()
-            try:
-                released = self._store.run_write(
-                    functools.partial(lifecycle.release, job_id=job_id, token=token, now=now)
-                )
-            except sa.exc.SQLAlchemyError as exc:
-                log.error("job=%s could not be released (%s); it will be rescued", job_id, exc)
-                continue
-            if released:
-                log.warning("job=%s released unfinished at shutdown; it will run again", job_id)
+        unfinished = self._slots.unfinished()
+        if not unfinished:
+            return
+        try:
+            released = self._release(unfinished)
+        except sa.exc.SQLAlchemyError as exc:
+            log.error(
+                "jobs %s could not be released (%s); they will be rescued", sorted(unfinished), exc
+            )
+            return
+        for job_id in released:
+            log.warning("job=%s released unfinished at shutdown; it will run again", job_id)
 
     # -- eager mode -------------------------------------------------------------------------------
 

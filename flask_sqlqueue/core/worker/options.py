@@ -27,6 +27,9 @@ class WorkerOptions:
     #: Run every job in a child process, this many at once (0: jobs run on threads).
     #: Needs a worker given a ``loader``; ``concurrency`` then follows it.
     processes: int = 0
+    #: At most this many jobs claimed ahead of the free threads while recent jobs are
+    #: short (core/worker/dispatch.py); 0 claims only for free threads.
+    claim_ahead: int = 64
 
     def __post_init__(self) -> None:
         if type(self.processes) is not int or self.processes < 0:
@@ -38,6 +41,8 @@ class WorkerOptions:
                     "runs N jobs at once, each in a child process."
                 )
             object.__setattr__(self, "concurrency", self.processes)
+        if type(self.claim_ahead) is not int or self.claim_ahead < 0:
+            raise ConfigurationError(f"claim_ahead must be 0 or more, got {self.claim_ahead!r}.")
         if type(self.concurrency) is not int or self.concurrency < 1:
             raise ConfigurationError(f"concurrency must be 1 or more, got {self.concurrency!r}.")
         for name in ("poll_interval", "stale_after", "grace"):

@@ -253,6 +253,11 @@ class Outcomes:
         with self._lock:
             self._batching = True
 
+    def waiting(self) -> int:
+        """How many successes wait for the next claim."""
+        with self._lock:
+            return len(self._done)
+
     def take_batch(self) -> list[Success]:
         """The successes waiting to be recorded; the caller records them."""
         with self._lock:

@@ -189,7 +189,7 @@ class Upkeep:
             try:
                 alive = self._store.run_write(
                     lambda conn: lifecycle.heartbeat(
-                        conn, self.id, self._clock(), self._store.boot
+                        conn, self.id, self._clock(), self._store.boot, self._slots.waiting_ids()
                     ),
                     within=interval,
                 )
