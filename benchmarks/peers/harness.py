@@ -260,32 +260,35 @@ AXES = (
     Axis("rss", "worker peak RSS (MiB)", 1, lower_is_better=True),
     Axis("p50", "pickup latency p50 (ms)", 1, lower_is_better=True),
 )
-TARGETS: tuple[tuple[str, str, str, str, str, float, bool], ...] = (
-    # label, goal, metric, store, over ("raw", "self:<metric>" or ""), bound, at least
-    ("SQLite drain, 1 process ÷ raw-sqlite", "≥ 0.5", "drain1", "SQLite", "raw", 0.5, True),
-    ("SQLite one-commit enqueue ÷ raw-sqlite", "≥ 0.9", "enqueue", "SQLite", "raw", 0.9, True),
-    ("SQLite pickup p50", "< 5 ms", "p50", "SQLite", "", 5, False),
-    (
-        "PostgreSQL drain, 1 process ÷ raw-psycopg",
-        "≥ 0.4",
-        "drain1",
-        "PostgreSQL",
-        "raw",
-        0.4,
-        True,
-    ),
-    ("PostgreSQL pickup p50", "< 5 ms", "p50", "PostgreSQL", "", 5, False),
-    (
-        "PostgreSQL drain, 2 processes ÷ 1",
-        "≥ 1.5",
-        "drain2",
-        "PostgreSQL",
-        "self:drain1",
-        1.5,
-        True,
-    ),
-    ("Worker peak RSS (SQLite)", "< 60 MiB", "rss", "SQLite", "", 60, False),
-    ("Worker peak RSS (PostgreSQL)", "< 60 MiB", "rss", "PostgreSQL", "", 60, False),
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal of issue 7: a figure of flask_sqlqueue's, or its ratio to ``over``."""
+
+    label: str
+    metric: str
+    store: str
+    bound: float
+    at_least: bool  # met when ≥ bound; else when < bound
+    over: str = ""  # "raw": ÷ the store's raw ceiling; a metric: ÷ flask_sqlqueue's own
+    unit: str = "x"
+
+    @property
+    def goal(self) -> str:
+        unit = "" if self.unit == "x" else self.unit
+        return f"{'≥' if self.at_least else '<'} {self.bound:g}{unit}"
+
+
+TARGETS = (
+    Target("SQLite drain, 1 process ÷ raw-sqlite", "drain1", "SQLite", 0.5, True, "raw"),
+    Target("SQLite one-commit enqueue ÷ raw-sqlite", "enqueue", "SQLite", 0.9, True, "raw"),
+    Target("SQLite pickup p50", "p50", "SQLite", 5, False, unit=" ms"),
+    Target("PostgreSQL drain, 1 process ÷ raw-psycopg", "drain1", "PostgreSQL", 0.4, True, "raw"),
+    Target("PostgreSQL pickup p50", "p50", "PostgreSQL", 5, False, unit=" ms"),
+    Target("PostgreSQL drain, 2 processes ÷ 1", "drain2", "PostgreSQL", 1.5, True, "drain1"),
+    Target("Worker peak RSS (SQLite)", "rss", "SQLite", 60, False, unit=" MiB"),
+    Target("Worker peak RSS (PostgreSQL)", "rss", "PostgreSQL", 60, False, unit=" MiB"),
 )
 
 
@@ -491,25 +494,22 @@ class _Report:
             "| target | goal | " + " | ".join(f"concurrency {c}" for c in self.concurrencies) + " |"
         )
         self.out.append("|---|---|" + "---:|" * len(self.concurrencies))
-        for label, goal, metric, store, over, bound, at_least in TARGETS:
+        for target in TARGETS:
             cells = []
             for c in self.concurrencies:
-                sq = self.of_kind("sqlqueue", store)
-                value = self.med(sq, metric, c)
-                if over == "raw":
-                    base = self.med(self.of_kind("ceiling", store), metric, c)
-                    value = value / base if value is not None and base else None
-                elif over:
-                    base = self.med(sq, over.removeprefix("self:"), c)
+                sq = self.of_kind("sqlqueue", target.store)
+                value = self.med(sq, target.metric, c)
+                if target.over:
+                    over = self.of_kind("ceiling", target.store) if target.over == "raw" else sq
+                    base = self.med(over, target.metric if target.over == "raw" else target.over, c)
                     value = value / base if value is not None and base else None
                 if value is None:
                     cells.append("—")
                     continue
-                unit = "x" if over else (" ms" if metric == "p50" else " MiB")
-                shown = f"{value:.2f}x" if over else f"{value:.1f}{unit}"
-                met = value >= bound if at_least else value < bound
+                shown = f"{value:.2f}x" if target.unit == "x" else f"{value:.1f}{target.unit}"
+                met = value >= target.bound if target.at_least else value < target.bound
                 cells.append(f"{shown} {'yes' if met else '**no**'}")
-            self.out.append(f"| {label} | {goal} | " + " | ".join(cells) + " |")
+            self.out.append(f"| {target.label} | {target.goal} | " + " | ".join(cells) + " |")
         self.out.append("")
 
     def commands(self) -> None:
