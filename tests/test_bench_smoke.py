@@ -1,19 +1,23 @@
 """The peers benchmark (``python -m benchmarks.peers``, issue 7) at toy sizes.
 
-Only its two SQLite systems run here, flask_sqlqueue and the raw sqlite3 ceiling, which
-need nothing beyond the project itself (the peers come from the ``bench`` extra and their
-servers). What is checked is the harness, not speed: every figure is backed by a count in
-the store, and a lost or duplicated job turns into an error instead of a number.
+Only flask_sqlqueue and the raw ceilings run here: on SQLite, which needs nothing beyond
+the project itself (the peers come from the ``bench`` extra and their servers), and on
+MariaDB when ``SQLQUEUE_TEST_MYSQL_URL`` is set. What is checked is the harness, not
+speed: every figure is backed by a count in the store, and a lost or duplicated job turns
+into an error instead of a number.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from benchmarks.peers import harness
+from benchmarks.peers.__main__ import concurrency_list
 from benchmarks.peers.__main__ import main
 from benchmarks.peers.common import BenchError
 from benchmarks.peers.systems import Context
@@ -30,40 +34,70 @@ def _row(text: str, heading: str, system: str) -> list[str]:
     raise AssertionError(f"no row for {system} under {heading!r}:\n{section}")
 
 
-def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
+def _quick(tmp_path: Path, *options: str) -> str:
     out = tmp_path / "peers.md"
     code = main(
         [
             "--quick",
             "--runs=1",
-            "--only=flask_sqlqueue-sqlite,raw-sqlite",
             "--jobs=300",
             "--enqueue-jobs=30",
             "--samples=3",
+            "--concurrency=2",
             f"--output={out}",
+            *options,
         ]
     )
     text = out.read_text()
     assert code == 0, text
     assert "### Errors\n\nnone" in text
-    for system in ("flask_sqlqueue-sqlite", "raw-sqlite"):
+    return text
+
+
+def _check_store(text: str, store: str, fsq: str, raw: str) -> None:
+    for system in (fsq, raw):
         assert _row(text, "Enqueue, one commit", system)[2] != "—"
         assert _row(text, "Bulk enqueue", system)[2] != "—"
-        drain = _row(text, "Drain a pre-filled", system)
+        drain = _row(text, "Drain a pre-filled queue of 300 no-op jobs at concurrency 2", system)
         assert drain[2] != "—" and drain[3] != "—"
-        assert _row(text, "Peak RSS", system)[2] != "—"
-    assert _row(text, "Pickup latency", "flask_sqlqueue-sqlite")[2] != "—"
+        assert _row(text, "Peak RSS of a worker process at concurrency 2", system)[2] != "—"
+    assert _row(text, "Pickup latency", fsq)[2] != "—"
+    assert _row(text, "Drain a pre-filled", fsq)[5].endswith("x")  # ÷ its raw ceiling
+    summary = _row(text, "Summary", "drain, 1 process (jobs/s) | " + store)
+    assert summary[2] == "2" and summary[-1].endswith("x"), summary
+    assert "`python -m flask queue work --concurrency 2`" in _row(text, "How each", fsq)[2]
+
+
+def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
+    text = _quick(tmp_path, "--only=flask_sqlqueue-sqlite,raw-sqlite")
+    _check_store(text, "SQLite", "flask_sqlqueue-sqlite", "raw-sqlite")
     target = _row(
         text, "flask_sqlqueue against the targets", "SQLite drain, 1 process ÷ raw-sqlite"
     )
-    assert target[2].endswith("x")
+    assert "x " in target[2]
+
+
+def test_quick_run_on_mariadb(tmp_path: Path) -> None:
+    url = os.environ.get("SQLQUEUE_TEST_MYSQL_URL")
+    if not url:
+        pytest.skip("set SQLQUEUE_TEST_MYSQL_URL to run against MariaDB")
+    text = _quick(tmp_path, "--only=flask_sqlqueue-mysql,raw-pymysql", f"--mysql={url}")
+    _check_store(text, "MariaDB", "flask_sqlqueue-mysql", "raw-pymysql")
+
+
+def test_concurrency_list() -> None:
+    assert concurrency_list("1,4") == [1, 4]
+    assert concurrency_list("4, 1,4") == [4, 1]
+    for bad in ("0,4", "", "one"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            concurrency_list(bad)
 
 
 def test_a_lost_job_is_an_error_not_a_figure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(harness, "STALL", 2.0)
-    system = RawSystem(Context(tmp_path, "", None, 1), "sqlite")
+    system = RawSystem(Context(tmp_path, "", "", None), "sqlite")
     sizes = harness.Sizes(enqueue=1, jobs=50, samples=1, drain_cap=60)
     results = harness.Results()
     with system.fresh():
@@ -76,7 +110,7 @@ def test_a_lost_job_is_an_error_not_a_figure(
 
 
 def test_a_duplicate_is_an_error_not_a_figure(tmp_path: Path) -> None:
-    system = RawSystem(Context(tmp_path, "", None, 1), "sqlite")
+    system = RawSystem(Context(tmp_path, "", "", None), "sqlite")
     sizes = harness.Sizes(enqueue=1, jobs=50, samples=1, drain_cap=60)
     results = harness.Results()
     with system.fresh():

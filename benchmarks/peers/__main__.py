@@ -13,20 +13,35 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import harness
+from .common import DEFAULT_MYSQL
 from .common import DEFAULT_POSTGRES
 from .common import BenchError
+from .common import mysql_connect
 from .common import redis_server
 from .common import temp_dir
 from .systems import Context
 from .systems import System
 from .systems import all_systems
 
-WORKLOADS: dict[str, Callable[[System, harness.Sizes, harness.Results, Path], None]] = {
-    "enqueue": harness.enqueue_each,
+Workload = Callable[[System, harness.Sizes, harness.Results, Path, int | None], None]
+# The enqueue runs no worker: once per run, whatever the concurrencies.
+ONCE: dict[str, Workload] = {"enqueue": harness.enqueue_each}
+PER_CONCURRENCY: dict[str, Workload] = {
     "bulk+drain1": harness.bulk_then_drain,
     "drain2": harness.drain_two,
     "latency": harness.latency,
 }
+
+
+def concurrency_list(text: str) -> list[int]:
+    """``1,4`` → ``[1, 4]``: each at least 1, in the order given, no repeats."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more integers, each at least 1")
+    return list(dict.fromkeys(values))
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -41,10 +56,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", help="comma-separated system names")
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="an admin URL (libpq form)")
     parser.add_argument(
-        "--sqlqueue-concurrency",
-        type=int,
-        default=4,
-        help="`flask queue work --concurrency` (4, as in the README's examples)",
+        "--mysql", default=DEFAULT_MYSQL, help=f"a MariaDB admin URL ({DEFAULT_MYSQL})"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=concurrency_list,
+        default=[1, 4],
+        help="worker concurrencies, a comma list (1,4): the same for every system with the "
+        "setting (flask_sqlqueue --concurrency, Huey -w -k thread, Procrastinate "
+        "--concurrency, PgQueuer --batch-size, Celery --pool threads --concurrency)",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
@@ -60,25 +80,42 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def server_versions(postgres: str, redis_url: str | None) -> tuple[str, str, str | None]:
-    """PostgreSQL's and Redis's versions, and why PostgreSQL is unusable (or None)."""
-    pg_version, problem = "not reachable", None
+def postgres_version(url: str) -> str:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+        return str(row[0]) if row else "?"
+
+
+def mysql_version(url: str) -> str:
+    conn = mysql_connect(url, connect_timeout=5)
     try:
-        import psycopg
+        with conn.cursor() as cur:
+            cur.execute("SELECT VERSION()")
+            return str(cur.fetchone()[0])
+    finally:
+        conn.close()
 
-        with psycopg.connect(postgres, autocommit=True, connect_timeout=5) as conn:
-            row = conn.execute("SHOW server_version").fetchone()
-            pg_version = str(row[0]) if row else "?"
+
+def server_version(name: str, url: str, read: Callable[[str], str]) -> tuple[str, str | None]:
+    """The server's version, and why it is unusable (or None)."""
+    try:
+        return read(url), None
     except Exception as exc:
-        problem = f"PostgreSQL at {postgres} is not reachable ({exc.__class__.__name__})"
-    redis_version = "not started"
-    if redis_url:
-        import redis
+        return "not reachable", f"{name} at {url} is not reachable ({exc.__class__.__name__})"
 
-        client = redis.Redis.from_url(redis_url)
-        redis_version = str(client.info("server")["redis_version"])
+
+def redis_version(redis_url: str | None) -> str:
+    if not redis_url:
+        return "not started"
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return str(client.info("server")["redis_version"])
+    finally:
         client.close()
-    return pg_version, redis_version, problem
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         folder = stack.enter_context(temp_dir("sqlqueue-peers-"))
-        ctx = Context(folder, args.postgres, None, args.sqlqueue_concurrency)
+        ctx = Context(folder, args.postgres, args.mysql, None)
         systems = all_systems(ctx)
         if args.only:
             wanted = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -102,39 +139,48 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.redis_url = stack.enter_context(redis_server(folder))
             except BenchError as exc:
                 print(f"skipping the Redis systems: {exc}", file=sys.stderr)
-        pg_version, redis_version, pg_problem = server_versions(args.postgres, ctx.redis_url)
+        pg_version, pg_problem = server_version("PostgreSQL", args.postgres, postgres_version)
+        my_version, my_problem = server_version("MariaDB", args.mysql, mysql_version)
+        problems = {"postgres": pg_problem, "mysql": my_problem}
+        if not ctx.redis_url:
+            problems["redis"] = "no redis-server"
         skipped: list[str] = []
         usable: list[System] = []
         for system in systems:
-            if system.needs == "postgres" and pg_problem:
-                skipped.append(f"{system.name}: {pg_problem}")
-            elif system.needs == "redis" and not ctx.redis_url:
-                skipped.append(f"{system.name}: no redis-server")
+            problem = problems.get(system.needs)
+            if problem:
+                skipped.append(f"{system.name}: {problem}")
+                print(f"skipping {system.name}: {problem}", file=sys.stderr)
             else:
                 usable.append(system)
         results = harness.Results()
         sizes = harness.Sizes(args.enqueue_jobs, args.jobs, args.samples, args.drain_cap)
         header = ["## flask_sqlqueue and its peers", "", f"`{command}`", ""]
-        header += harness.machine(pg_version, redis_version)
+        header += harness.machine(pg_version, my_version, redis_version(ctx.redis_url))
         for run in range(1, args.runs + 1):
             for system in usable:
-                for workload, measure in WORKLOADS.items():
+                levels = args.concurrency if system.concurrent else [None]
+                steps = [(w, m, None) for w, m in ONCE.items()] + [
+                    (w, m, c) for c in levels for w, m in PER_CONCURRENCY.items()
+                ]
+                for workload, measure, concurrency in steps:
                     if workload == "latency" and not system.latency:
                         continue
-                    log_dir = folder / f"logs-{system.name}-{workload}-{run}"
+                    step = harness.at(workload, concurrency)
+                    log_dir = folder / f"logs-{system.name}-{step}-{run}"
                     log_dir.mkdir()
                     began = time.monotonic()
                     try:
-                        measure(system, sizes, results, log_dir)
+                        measure(system, sizes, results, log_dir, concurrency)
                         outcome = "ok"
                     except Exception as exc:
                         detail = str(exc) if isinstance(exc, BenchError) else repr(exc)
-                        results.errors[(system.name, workload)].append(f"run {run}: {detail}")
+                        results.errors[(system.name, step)].append(f"run {run}: {detail}")
                         outcome = f"ERROR {detail}"
                         if not isinstance(exc, BenchError):
                             traceback.print_exc(file=sys.stderr)
                     print(
-                        f"run {run} {system.name:22} {workload:12} "
+                        f"run {run} {system.name:22} {step:14} "
                         f"{time.monotonic() - began:6.1f} s  {outcome}",
                         file=sys.stderr,
                         flush=True,
@@ -144,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         header.append(f"- wall time {elapsed / 60:.1f} min; load average at the end {load}")
         if skipped:
             header += ["", "Skipped: " + "; ".join(skipped)]
-        text = harness.report(results, usable, sizes, args.runs, header)
+        text = harness.report(results, usable, sizes, args.runs, args.concurrency, header)
     print(text)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

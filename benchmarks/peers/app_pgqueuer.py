@@ -54,23 +54,29 @@ async def main() -> AsyncIterator[PgQueuer]:
         await conn.close()
 
 
-def run_worker() -> None:
-    """What ``pgq run benchmarks.peers.app_pgqueuer:main`` does, with the CLI's defaults.
+def run_worker(argv: list[str] | None = None) -> None:
+    """What ``pgq run [--batch-size N] benchmarks.peers.app_pgqueuer:main`` does, with the
+    CLI's other defaults.
 
     The ``pgq`` command of pgqueuer 1.6.0 exits at start-up with the typer release it
     installs (its ``--log-level`` parser hands ``setup_fancy_logger`` a ``str``), so the
     worker calls the same supervisor through PgQueuer's Python API, on uvloop as the CLI.
     """
+    import argparse
     import asyncio
 
     from pgqueuer import run
 
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers.app_pgqueuer")
+    parser.add_argument("--batch-size", type=int, default=10, help="as `pgq run`'s (10)")
+    args = parser.parse_args(argv)
+    worker = run("benchmarks.peers.app_pgqueuer:main", batch_size=args.batch_size)
     try:
         import uvloop
     except ImportError:
-        asyncio.run(run("benchmarks.peers.app_pgqueuer:main"))
+        asyncio.run(worker)
     else:
-        uvloop.run(run("benchmarks.peers.app_pgqueuer:main"))
+        uvloop.run(worker)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,12 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+from urllib.parse import unquote
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
+DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -110,6 +113,30 @@ def pg_count(dsn: str, sql: str) -> int:
     row = conn.execute(sql).fetchone()
     assert row is not None
     return int(row[0])
+
+
+def mysql_connect(url: str, **options: Any) -> Any:
+    """A PyMySQL connection from a ``mysql[+pymysql]://user[:password]@host[:port]/db`` URL."""
+    import pymysql
+
+    parts = urlsplit(url)
+    return pymysql.connect(
+        host=parts.hostname or "127.0.0.1",
+        port=parts.port or 3306,
+        user=unquote(parts.username or "root"),
+        password=unquote(parts.password or ""),
+        database=parts.path.lstrip("/") or None,
+        **options,
+    )
+
+
+def mysql_count(url: str, sql: str) -> int:
+    conn = _COUNTERS.get(url)
+    if conn is None:
+        conn = _COUNTERS[url] = mysql_connect(url, autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute(sql)
+        return int(cur.fetchone()[0])
 
 
 def close_counters() -> None:
@@ -289,6 +316,28 @@ def postgres_database(admin_url: str, label: str) -> Iterator[str]:
         close_counters()
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def mysql_database(admin_url: str, label: str) -> Iterator[str]:
+    """A fresh MariaDB database for one system, dropped afterwards; yields its URL (the
+    admin URL's scheme, user, password, host and port)."""
+    name = f"bench_{label}_{uuid.uuid4().hex[:8]}"
+    _mysql_admin(admin_url, f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    try:
+        yield urlsplit(admin_url)._replace(path=f"/{name}").geturl()
+    finally:
+        close_counters()
+        _mysql_admin(admin_url, f"DROP DATABASE IF EXISTS `{name}`")
+
+
+def _mysql_admin(admin_url: str, sql: str) -> None:
+    conn = mysql_connect(admin_url, autocommit=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(sql)
+    finally:
+        conn.close()
 
 
 @contextlib.contextmanager

@@ -44,9 +44,20 @@ class Results:
     def add(self, system: str, metric: str, value: float) -> None:
         self.values[(system, metric)].append(value)
 
-    def median(self, system: str, metric: str) -> float | None:
-        found = self.values.get((system, metric))
+    def key(self, system: str, metric: str, concurrency: int | None) -> str:
+        """The metric's key at ``concurrency``; a system measured without one has a single
+        figure, which stands at every concurrency."""
+        keyed = at(metric, concurrency)
+        return keyed if (system, keyed) in self.values else metric
+
+    def median(self, system: str, metric: str, concurrency: int | None = None) -> float | None:
+        found = self.values.get((system, self.key(system, metric, concurrency)))
         return statistics.median(found) if found else None
+
+
+def at(metric: str, concurrency: int | None) -> str:
+    """The key of a figure measured at a worker concurrency: ``drain1@4``."""
+    return metric if concurrency is None else f"{metric}@{concurrency}"
 
 
 def _wait_count(read: Callable[[], int], target: int, timeout: float, what: str) -> int:
@@ -62,8 +73,11 @@ def _wait_count(read: Callable[[], int], target: int, timeout: float, what: str)
         time.sleep(0.02)
 
 
-def enqueue_each(system: System, sizes: Sizes, results: Results, log_dir: Path) -> None:
-    """One commit per job, as a web request does; the first (warm-up) call not timed."""
+def enqueue_each(
+    system: System, sizes: Sizes, results: Results, log_dir: Path, concurrency: int | None
+) -> None:
+    """One commit per job, as a web request does; the first (warm-up) call not timed. No
+    worker runs, so there is one figure whatever the concurrency."""
     with system.fresh():
         system.enqueue_each(1)
         started = time.perf_counter()
@@ -73,8 +87,11 @@ def enqueue_each(system: System, sizes: Sizes, results: Results, log_dir: Path) 
     results.add(system.name, "enqueue", sizes.enqueue / elapsed)
 
 
-def bulk_then_drain(system: System, sizes: Sizes, results: Results, log_dir: Path) -> None:
-    """Bulk-enqueue the queue (timed), then drain it with one worker process."""
+def bulk_then_drain(
+    system: System, sizes: Sizes, results: Results, log_dir: Path, concurrency: int | None
+) -> None:
+    """Bulk-enqueue the queue (timed: one figure from every concurrency's fill), then drain
+    it with one worker process."""
     with system.fresh():
         started = time.perf_counter()
         system.enqueue_bulk(sizes.jobs)
@@ -83,22 +100,32 @@ def bulk_then_drain(system: System, sizes: Sizes, results: Results, log_dir: Pat
         results.add(system.name, "bulk", sizes.jobs / elapsed)
         if system.bulk_note:
             results.notes[f"bulk:{system.name}"].add(system.bulk_note)
-        drain(system, 1, sizes, results, log_dir)
+        drain(system, 1, sizes, results, log_dir, concurrency)
 
 
-def drain_two(system: System, sizes: Sizes, results: Results, log_dir: Path) -> None:
+def drain_two(
+    system: System, sizes: Sizes, results: Results, log_dir: Path, concurrency: int | None
+) -> None:
     with system.fresh():
         system.enqueue_bulk(sizes.jobs)
         _wait_count(system.pending, sizes.jobs, 5, "jobs waiting after the fill")
-        drain(system, 2, sizes, results, log_dir)
+        drain(system, 2, sizes, results, log_dir, concurrency)
 
 
-def drain(system: System, processes: int, sizes: Sizes, results: Results, log_dir: Path) -> None:
+def drain(
+    system: System,
+    processes: int,
+    sizes: Sizes,
+    results: Results,
+    log_dir: Path,
+    concurrency: int | None = None,
+) -> None:
     """Start the workers on the pre-filled queue; the rate runs from the first count seen
     above zero to the count reaching the total, so process start-up is not in it."""
     total = sizes.jobs
-    metric = f"drain{processes}"
-    with running(system.worker_argv(), system.worker_env(), processes, log_dir) as workers:
+    metric = at(f"drain{processes}", concurrency)
+    argv = system.worker_argv(concurrency)
+    with running(argv, system.worker_env(), processes, log_dir) as workers:
         launched = time.monotonic()
         first_at, first_count, zero_at = 0.0, 0, launched
         changed_at, last = launched, 0
@@ -145,15 +172,18 @@ def drain(system: System, processes: int, sizes: Sizes, results: Results, log_di
     if count < total:
         results.notes[f"capped:{system.name}:{metric}"].add(f"{count} of {total}")
     if processes == 1:
-        results.add(system.name, "rss", rss)
+        results.add(system.name, at("rss", concurrency), rss)
     results.add(system.name, metric, (count - first_count) / (now - first_at))
 
 
-def latency(system: System, sizes: Sizes, results: Results, log_dir: Path) -> None:
+def latency(
+    system: System, sizes: Sizes, results: Results, log_dir: Path, concurrency: int | None
+) -> None:
     """An idle worker; one probe job at a time; from ``enqueue`` returning to the job's
     start, as the job itself records it. Each probe waits until the previous job is
     counted finished in the store, then 50 ms more, so the worker is idle again."""
-    with system.fresh(), running(system.worker_argv(), system.worker_env(), 1, log_dir) as workers:
+    argv = system.worker_argv(concurrency)
+    with system.fresh(), running(argv, system.worker_env(), 1, log_dir) as workers:
         workers.wait_idle()
         folder = log_dir / "probes"
         folder.mkdir(exist_ok=True)
@@ -172,14 +202,11 @@ def latency(system: System, sizes: Sizes, results: Results, log_dir: Path) -> No
                 samples.append((started - enqueued) * 1000)
             _wait_count(system.finished, index + 1, 30, "probes finished")
             time.sleep(0.05)
-    results.add(system.name, "p50", percentile(samples, 50))
-    results.add(system.name, "p95", percentile(samples, 95))
-    results.add(system.name, "p99", percentile(samples, 99))
+    for p in (50, 95, 99):
+        results.add(system.name, at(f"p{p}", concurrency), percentile(samples, p))
 
 
 # -- the report ----------------------------------------------------------------------------
-
-SQ_SQLITE, SQ_PG = "flask_sqlqueue-sqlite", "flask_sqlqueue-pg"
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -196,7 +223,7 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
-def machine(postgres_version: str, redis_version: str) -> list[str]:
+def machine(postgres_version: str, mysql_version: str, redis_version: str) -> list[str]:
     model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -210,8 +237,299 @@ def machine(postgres_version: str, redis_version: str) -> list[str]:
         f"- CPU: {os.cpu_count()} cores, {model}; load average at the start {load}",
         f"- Python {platform.python_version()} ({platform.system()} {platform.release()})",
         f"- SQLite {sqlite3.sqlite_version}; PostgreSQL {postgres_version}; "
-        f"Redis {redis_version} (loopback, no persistence)",
+        f"MariaDB {mysql_version}; Redis {redis_version} (loopback, no persistence)",
     ]
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One line of the summary: a metric, its unit, and which way is better."""
+
+    metric: str
+    label: str
+    digits: int = 0
+    lower_is_better: bool = False
+    per_concurrency: bool = True  # False: measured without a worker running
+
+
+AXES = (
+    Axis("drain1", "drain, 1 process (jobs/s)"),
+    Axis("drain2", "drain, 2 processes (jobs/s)"),
+    Axis("enqueue", "enqueue, one commit per job (jobs/s)", per_concurrency=False),
+    Axis("bulk", "bulk enqueue (jobs/s)", per_concurrency=False),
+    Axis("rss", "worker peak RSS (MiB)", 1, lower_is_better=True),
+    Axis("p50", "pickup latency p50 (ms)", 1, lower_is_better=True),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A goal of issue 7: a figure of flask_sqlqueue's, or its ratio to ``over``."""
+
+    label: str
+    metric: str
+    store: str
+    bound: float
+    at_least: bool  # met when ≥ bound; else when < bound
+    over: str = ""  # "raw": ÷ the store's raw ceiling; a metric: ÷ flask_sqlqueue's own
+    unit: str = "x"
+
+    @property
+    def goal(self) -> str:
+        unit = "" if self.unit == "x" else self.unit
+        return f"{'≥' if self.at_least else '<'} {self.bound:g}{unit}"
+
+
+TARGETS = (
+    Target("SQLite drain, 1 process ÷ raw-sqlite", "drain1", "SQLite", 0.5, True, "raw"),
+    Target("SQLite one-commit enqueue ÷ raw-sqlite", "enqueue", "SQLite", 0.9, True, "raw"),
+    Target("SQLite pickup p50", "p50", "SQLite", 5, False, unit=" ms"),
+    Target("PostgreSQL drain, 1 process ÷ raw-psycopg", "drain1", "PostgreSQL", 0.4, True, "raw"),
+    Target("PostgreSQL pickup p50", "p50", "PostgreSQL", 5, False, unit=" ms"),
+    Target("PostgreSQL drain, 2 processes ÷ 1", "drain2", "PostgreSQL", 1.5, True, "drain1"),
+    Target("Worker peak RSS (SQLite)", "rss", "SQLite", 60, False, unit=" MiB"),
+    Target("Worker peak RSS (PostgreSQL)", "rss", "PostgreSQL", 60, False, unit=" MiB"),
+)
+
+
+class _Report:
+    """The report's tables, read from the medians of ``results``."""
+
+    def __init__(self, results: Results, systems: list[System], concurrencies: list[int]) -> None:
+        self.results = results
+        self.systems = systems
+        self.concurrencies = concurrencies
+        self.out: list[str] = []
+
+    def med(self, name: str | None, metric: str, concurrency: int | None = None) -> float | None:
+        return None if name is None else self.results.median(name, metric, concurrency)
+
+    def of_kind(self, kind: str, store: str) -> str | None:
+        """The flask_sqlqueue system ("sqlqueue") or the ceiling ("ceiling") on ``store``."""
+        return next((s.name for s in self.systems if s.kind == kind and s.store == store), None)
+
+    def ratios(self, system: System, metric: str, concurrency: int | None) -> list[str]:
+        """The figure ÷ its store's raw ceiling, and ÷ flask_sqlqueue on its store."""
+        value = self.med(system.name, metric, concurrency)
+        return [
+            _ratio(value, self.med(self.of_kind(kind, system.store), metric, concurrency))
+            for kind in ("ceiling", "sqlqueue")
+        ]
+
+    def table(self, title: str, note: str, columns: list[str], rows: list[list[str]]) -> None:
+        self.out.extend([f"### {title}", "", note, ""] if note else [f"### {title}", ""])
+        self.out.append("| " + " | ".join(columns) + " |")
+        left = ("system", "store", "how", "axis", "best peer, same store", "best peer, any store")
+        self.out.append("|" + "|".join("---" if c in left else "---:" for c in columns) + "|")
+        self.out.extend("| " + " | ".join(row) + " |" for row in rows)
+        self.out.append("")
+
+    def best_peer(self, axis: Axis, concurrency: int | None, store: str | None) -> str:
+        found = [
+            (value, s.name)
+            for s in self.systems
+            if s.kind == "peer" and store in (None, s.store)
+            if (value := self.med(s.name, axis.metric, concurrency)) is not None
+        ]
+        if not found:
+            return ""
+        return (min if axis.lower_is_better else max)(found)[1]
+
+    def summary(self) -> None:
+        rows = []
+        for axis in AXES:
+            levels: list[int | None] = [*self.concurrencies] if axis.per_concurrency else [None]
+            for sq in (s for s in self.systems if s.kind == "sqlqueue"):
+                for c in levels:
+                    value = self.med(sq.name, axis.metric, c)
+                    row = [
+                        axis.label,
+                        sq.store,
+                        "—" if c is None else str(c),
+                        _fmt(value, axis.digits),
+                    ]
+                    for store in (sq.store, None):
+                        peer = self.best_peer(axis, c, store)
+                        other = self.med(peer or None, axis.metric, c)
+                        shown = f"{_fmt(other, axis.digits)} {peer}" if peer else "—"
+                        row += [shown, _ratio(value, other)]
+                    raw = self.med(self.of_kind("ceiling", sq.store), axis.metric, c)
+                    rows.append([*row, _fmt(raw, axis.digits), _ratio(value, raw)])
+        self.table(
+            "Summary: flask_sqlqueue, the best peer, the raw ceiling",
+            "Every ratio is flask_sqlqueue's figure ÷ the other's, so above 1 is better for "
+            "rates and below 1 is better for RSS and latency. The enqueues run no worker, "
+            "so they have no concurrency. No peer runs on MariaDB.",
+            [
+                "axis",
+                "store",
+                "concurrency",
+                "flask_sqlqueue",
+                "best peer, same store",
+                "÷",
+                "best peer, any store",
+                "÷",
+                "raw ceiling",
+                "÷",
+            ],
+            rows,
+        )
+
+    def drain_cell(self, name: str, metric: str, concurrency: int | None) -> str:
+        notes = self.results.notes
+        cell = _fmt(self.med(name, metric, concurrency))
+        if cell == "—":
+            return cell
+        key = self.results.key(name, metric, concurrency)
+        if notes.get(f"bound:{name}:{key}"):
+            cell = f"≥ {cell}"
+        return f"{cell} *" if notes.get(f"capped:{name}:{key}") else cell
+
+    def drain_row(self, s: System, c: int) -> list[str]:
+        (raw1, fsq1), (raw2, fsq2) = self.ratios(s, "drain1", c), self.ratios(s, "drain2", c)
+        return [
+            s.name,
+            s.store,
+            self.drain_cell(s.name, "drain1", c),
+            self.drain_cell(s.name, "drain2", c),
+            _ratio(self.med(s.name, "drain2", c), self.med(s.name, "drain1", c)),
+            *(raw1, raw2, fsq1, fsq2),
+        ]
+
+    def at_concurrency(self, c: int, sizes: Sizes) -> None:
+        once = ", ".join(s.name for s in self.systems if not s.concurrent)
+        same = (
+            f" {once}: no concurrency setting, the same figures at every concurrency."
+            if once
+            else ""
+        )
+        med = self.med
+        polls = (
+            " On MariaDB an idle flask_sqlqueue worker is not woken by the commit: it polls, "
+            "every `--poll-interval` (1 s by default)."
+            if any(s.kind == "sqlqueue" and s.store == "MariaDB" for s in self.systems)
+            else ""
+        )
+        self.table(
+            f"Drain a pre-filled queue of {sizes.jobs:,} no-op jobs at concurrency {c} (jobs/s)",
+            "From the first finished job to the last, counted in the system's own store; "
+            f"`*`: not drained within {sizes.drain_cap:g} s, rate over the jobs it finished; "
+            "`≥`: drained between two counts, too fast to time at this size; "
+            "÷ raw and ÷ fsq: over the raw ceiling and flask_sqlqueue on the same store." + same,
+            [
+                "system",
+                "store",
+                "1 process",
+                "2 processes",
+                "2 ÷ 1",
+                "1 proc ÷ raw",
+                "2 proc ÷ raw",
+                "1 proc ÷ fsq",
+                "2 proc ÷ fsq",
+            ],
+            [self.drain_row(s, c) for s in self.systems],
+        )
+        self.table(
+            f"Pickup latency, idle worker at concurrency {c} "
+            f"({sizes.samples} jobs one at a time, ms)",
+            "From `enqueue` returning to the job's first line, as the job records it." + polls,
+            ["system", "store", "p50", "p95", "p99", "p50 ÷ fsq"],
+            [
+                [
+                    s.name,
+                    s.store,
+                    *(_fmt(med(s.name, f"p{p}", c), 1) for p in (50, 95, 99)),
+                    self.ratios(s, "p50", c)[1],
+                ]
+                for s in self.systems
+                if s.latency
+            ],
+        )
+        self.table(
+            f"Peak RSS of a worker process at concurrency {c} (MiB)",
+            "VmHWM of the process (and any children it forked) after draining the queue.",
+            ["system", "store", "MiB", "÷ raw", "÷ fsq"],
+            [
+                [s.name, s.store, _fmt(med(s.name, "rss", c), 1), *self.ratios(s, "rss", c)]
+                for s in self.systems
+            ],
+        )
+
+    def enqueues(self, sizes: Sizes) -> None:
+        notes = self.results.notes
+        self.table(
+            f"Enqueue, one commit per job ({sizes.enqueue:,} jobs, jobs/s)",
+            "Each call commits before it returns, as in a web request. ÷ raw and ÷ fsq: over "
+            "the raw ceiling and flask_sqlqueue on the same store.",
+            ["system", "store", "jobs/s", "÷ raw", "÷ fsq"],
+            [
+                [
+                    s.name,
+                    s.store,
+                    _fmt(self.med(s.name, "enqueue")),
+                    *self.ratios(s, "enqueue", None),
+                ]
+                for s in self.systems
+            ],
+        )
+        self.table(
+            f"Bulk enqueue ({sizes.jobs:,} jobs, jobs/s)",
+            "The median of every fill before a one-process drain, at each concurrency.",
+            ["system", "store", "jobs/s", "÷ raw", "÷ fsq", "how"],
+            [
+                [
+                    s.name,
+                    s.store,
+                    _fmt(self.med(s.name, "bulk")),
+                    *self.ratios(s, "bulk", None),
+                    "; ".join(sorted(notes.get(f"bulk:{s.name}", set()))),
+                ]
+                for s in self.systems
+            ],
+        )
+
+    def targets(self) -> None:
+        self.out.extend(["### flask_sqlqueue against the targets of issue 7", ""])
+        self.out.append(
+            "| target | goal | " + " | ".join(f"concurrency {c}" for c in self.concurrencies) + " |"
+        )
+        self.out.append("|---|---|" + "---:|" * len(self.concurrencies))
+        for target in TARGETS:
+            cells = []
+            for c in self.concurrencies:
+                sq = self.of_kind("sqlqueue", target.store)
+                value = self.med(sq, target.metric, c)
+                if target.over:
+                    over = self.of_kind("ceiling", target.store) if target.over == "raw" else sq
+                    base = self.med(over, target.metric if target.over == "raw" else target.over, c)
+                    value = value / base if value is not None and base else None
+                if value is None:
+                    cells.append("—")
+                    continue
+                shown = f"{value:.2f}x" if target.unit == "x" else f"{value:.1f}{target.unit}"
+                met = value >= target.bound if target.at_least else value < target.bound
+                cells.append(f"{shown} {'yes' if met else '**no**'}")
+            self.out.append(f"| {target.label} | {target.goal} | " + " | ".join(cells) + " |")
+        self.out.append("")
+
+    def commands(self) -> None:
+        self.out.extend(["### How each system ran", ""])
+        self.out.append("| system | concurrency | worker command | versions |")
+        self.out.append("|---|---|---|---|")
+        for s in self.systems:
+            if s.concurrent:
+                for c in self.concurrencies:
+                    self.out.append(f"| {s.name} | {c} | `{s.command(c)}` | {s.versions()} |")
+            else:
+                self.out.append(
+                    f"| {s.name} | {s.concurrency_note} | `{s.command()}` | {s.versions()} |"
+                )
+        notes = [
+            f"- {s.name}: {s.concurrency_note}"
+            for s in self.systems
+            if s.concurrent and s.concurrency_note
+        ]
+        self.out.extend(["", *notes, ""] if notes else [""])
 
 
 def report(
@@ -219,175 +537,27 @@ def report(
     systems: list[System],
     sizes: Sizes,
     runs: int,
+    concurrencies: list[int],
     header: list[str],
 ) -> str:
-    names = [s.name for s in systems]
-    by_name = {s.name: s for s in systems}
-    med = results.median
-    out: list[str] = [*header, ""]
-
-    def ratios(metric: str, name: str) -> list[str]:
-        return [
-            _ratio(med(name, metric), med(SQ_SQLITE, metric)),
-            _ratio(med(name, metric), med(SQ_PG, metric)),
-        ]
-
-    def table(title: str, note: str, columns: list[str], rows: list[list[str]]) -> None:
-        out.extend([f"### {title}", "", note, ""] if note else [f"### {title}", ""])
-        out.append("| " + " | ".join(columns) + " |")
-        aligns = ["---" if c in ("system", "store", "how") else "---:" for c in columns]
-        out.append("|" + "|".join(aligns) + "|")
-        out.extend("| " + " | ".join(row) + " |" for row in rows)
-        out.append("")
-
-    ratio_cols = ["÷ fsq-sqlite", "÷ fsq-pg"]
-    table(
-        f"Enqueue, one commit per job ({sizes.enqueue:,} jobs, jobs/s)",
-        "Each call commits before it returns, as in a web request.",
-        ["system", "store", "jobs/s", *ratio_cols],
-        [[n, by_name[n].store, _fmt(med(n, "enqueue")), *ratios("enqueue", n)] for n in names],
-    )
-    table(
-        f"Bulk enqueue ({sizes.jobs:,} jobs, jobs/s)",
-        "",
-        ["system", "store", "jobs/s", *ratio_cols, "how"],
-        [
-            [
-                n,
-                by_name[n].store,
-                _fmt(med(n, "bulk")),
-                *ratios("bulk", n),
-                "; ".join(sorted(results.notes.get(f"bulk:{n}", set()))),
-            ]
-            for n in names
-        ],
-    )
-
-    def drain_cell(name: str, metric: str) -> str:
-        cell = _fmt(med(name, metric))
-        if cell == "—":
-            return cell
-        if results.notes.get(f"bound:{name}:{metric}"):
-            cell = f"≥ {cell}"
-        return f"{cell} *" if results.notes.get(f"capped:{name}:{metric}") else cell
-
-    table(
-        f"Drain a pre-filled queue of {sizes.jobs:,} no-op jobs (jobs/s)",
-        "From the first finished job to the last, counted in the system's own store; "
-        f"`*`: not drained within {sizes.drain_cap:g} s, rate over the jobs it finished; "
-        "`≥`: drained between two counts, too fast to time at this size.",
-        [
-            "system",
-            "store",
-            "1 process",
-            "2 processes",
-            "2 ÷ 1",
-            "1 proc ÷ fsq-sqlite",
-            "1 proc ÷ fsq-pg",
-        ],
-        [
-            [
-                n,
-                by_name[n].store,
-                drain_cell(n, "drain1"),
-                drain_cell(n, "drain2"),
-                _ratio(med(n, "drain2"), med(n, "drain1")),
-                *ratios("drain1", n),
-            ]
-            for n in names
-        ],
-    )
-    table(
-        f"Pickup latency, idle worker ({sizes.samples} jobs one at a time, ms)",
-        "From `enqueue` returning to the job's first line, as the job records it.",
-        ["system", "store", "p50", "p95", "p99", "p50 ÷ fsq-sqlite", "p50 ÷ fsq-pg"],
-        [
-            [
-                n,
-                by_name[n].store,
-                _fmt(med(n, "p50"), 1),
-                _fmt(med(n, "p95"), 1),
-                _fmt(med(n, "p99"), 1),
-                *ratios("p50", n),
-            ]
-            for n in names
-            if by_name[n].latency
-        ],
-    )
-    table(
-        "Peak RSS of a worker process (MiB)",
-        "VmHWM of the process (and any children it forked) after draining the queue.",
-        ["system", "store", "MiB", *ratio_cols],
-        [[n, by_name[n].store, _fmt(med(n, "rss"), 1), *ratios("rss", n)] for n in names],
-    )
-
-    targets: list[tuple[str, str, float | None, Callable[[float], bool], str]] = []
-
-    def of(a: str, metric_a: str, b: str, metric_b: str) -> float | None:
-        x, y = med(a, metric_a), med(b, metric_b)
-        return x / y if x is not None and y else None
-
-    targets = [
-        (
-            "SQLite drain, 1 process ÷ raw-sqlite",
-            "≥ 0.5",
-            of(SQ_SQLITE, "drain1", "raw-sqlite", "drain1"),
-            lambda v: v >= 0.5,
-            "x",
-        ),
-        (
-            "SQLite one-commit enqueue ÷ raw-sqlite",
-            "≥ 0.9",
-            of(SQ_SQLITE, "enqueue", "raw-sqlite", "enqueue"),
-            lambda v: v >= 0.9,
-            "x",
-        ),
-        ("SQLite pickup p50", "< 5 ms", med(SQ_SQLITE, "p50"), lambda v: v < 5, " ms"),
-        (
-            "PostgreSQL drain, 1 process ÷ raw-psycopg",
-            "≥ 0.4",
-            of(SQ_PG, "drain1", "raw-psycopg", "drain1"),
-            lambda v: v >= 0.4,
-            "x",
-        ),
-        ("PostgreSQL pickup p50", "< 5 ms", med(SQ_PG, "p50"), lambda v: v < 5, " ms"),
-        (
-            "PostgreSQL drain, 2 processes ÷ 1",
-            "≥ 1.5",
-            of(SQ_PG, "drain2", SQ_PG, "drain1"),
-            lambda v: v >= 1.5,
-            "x",
-        ),
-        ("Worker peak RSS (SQLite)", "< 60 MiB", med(SQ_SQLITE, "rss"), lambda v: v < 60, " MiB"),
-        ("Worker peak RSS (PostgreSQL)", "< 60 MiB", med(SQ_PG, "rss"), lambda v: v < 60, " MiB"),
-    ]
-    out.extend(["### flask_sqlqueue against the targets of issue 7", ""])
-    out.append("| target | goal | measured | met |")
-    out.append("|---|---|---:|---|")
-    for label, goal, value, ok, unit in targets:
-        if value is None:
-            out.append(f"| {label} | {goal} | — | not measured |")
-        else:
-            shown = f"{value:.2f}{unit}" if unit == "x" else f"{value:.1f}{unit}"
-            out.append(f"| {label} | {goal} | {shown} | {'yes' if ok(value) else '**no**'} |")
-    out.append("")
-
-    out.extend(["### How each system ran", ""])
-    out.append("| system | worker command | versions |")
-    out.append("|---|---|---|")
-    for system in systems:
-        out.append(f"| {system.name} | `{system.command()}` | {system.versions()} |")
-    out.append("")
-    out.append(
+    r = _Report(results, systems, concurrencies)
+    r.out.extend([*header, ""])
+    r.summary()
+    r.enqueues(sizes)
+    for c in concurrencies:
+        r.at_concurrency(c, sizes)
+    r.targets()
+    r.commands()
+    r.out.append(
         f"Medians of {runs} run(s). Every figure is checked against a count in the system's "
         "own store (rows completed, result keys, finished registries, log rows); a run "
         "whose count is wrong is listed below as an error and gives no figure."
     )
-    out.append("")
+    r.out.append("")
     errors = [
         f"- {name} / {metric}: {message}"
         for (name, metric), messages in sorted(results.errors.items())
         for message in messages
     ]
-    out.extend(["### Errors", "", *(errors or ["none"]), ""])
-    return "\n".join(out)
+    r.out.extend(["### Errors", "", *(errors or ["none"]), ""])
+    return "\n".join(r.out)

@@ -1,13 +1,17 @@
-"""The ceilings: a queue written straight on sqlite3 or psycopg, with batched claims.
+"""The ceilings: a queue written straight on sqlite3, psycopg or PyMySQL, with batched claims.
 
     python -m benchmarks.peers.raw_worker sqlite PATH
     python -m benchmarks.peers.raw_worker postgres DSN
+    python -m benchmarks.peers.raw_worker mysql mysql://USER@HOST:PORT/DATABASE
 
-A worker claims up to 100 jobs in one statement, runs them, and records all of them
+A worker claims up to 100 jobs in one transaction, runs them, and records all of them
 completed in one transaction. SQLite runs in WAL mode with ``synchronous=FULL`` and takes
 its write lock up front (``BEGIN IMMEDIATE``); PostgreSQL claims with ``FOR UPDATE SKIP
-LOCKED``. There is no heartbeat, retry, rescue or fencing: this is what the database
-allows, not a queue to use.
+LOCKED`` in one statement. MariaDB has no ``UPDATE … RETURNING``, so its claim is a
+``SELECT … FOR UPDATE SKIP LOCKED`` and an ``UPDATE`` of those ids (READ COMMITTED, as
+flask_sqlqueue's engine), and its completions are one ``UPDATE`` per distinct result
+(PyMySQL's ``executemany`` would send an ``UPDATE`` per row). There is no heartbeat, retry,
+rescue or fencing: this is what the database allows, not a queue to use.
 """
 
 from __future__ import annotations
@@ -58,6 +62,24 @@ CREATE TABLE IF NOT EXISTS raw_jobs (
 CREATE INDEX IF NOT EXISTS raw_jobs_claim ON raw_jobs (queue, status, priority DESC, run_at, id);
 """
 
+MYSQL_SCHEMA = """
+CREATE TABLE IF NOT EXISTS raw_jobs (
+    id BIGINT AUTO_INCREMENT PRIMARY KEY,
+    queue VARCHAR(64) NOT NULL,
+    task VARCHAR(200) NOT NULL,
+    payload TEXT NOT NULL,
+    status VARCHAR(16) NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    priority INTEGER NOT NULL DEFAULT 0,
+    run_at DATETIME(6) NOT NULL,
+    created_at DATETIME(6) NOT NULL,
+    started_at DATETIME(6) NULL,
+    finished_at DATETIME(6) NULL,
+    result TEXT NULL,
+    INDEX raw_jobs_claim (queue, status, priority DESC, run_at, id)
+) ENGINE=InnoDB
+"""
+
 INSERT_SQLITE = (
     "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
     "VALUES ('default', ?, ?, 'pending', ?, ?)"
@@ -65,6 +87,10 @@ INSERT_SQLITE = (
 INSERT_POSTGRES = (
     "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
     "VALUES ('default', %s, %s, 'pending', now(), now())"
+)
+INSERT_MYSQL = (
+    "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
+    "VALUES ('default', %s, %s, 'pending', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))"
 )
 
 CLAIM_SQLITE = f"""
@@ -86,6 +112,12 @@ WHERE id IN (
 )
 RETURNING id, task, payload
 """
+LOCK_MYSQL = f"""
+SELECT id, task, payload FROM raw_jobs
+WHERE queue = 'default' AND status = 'pending' AND run_at <= UTC_TIMESTAMP(6)
+ORDER BY priority DESC, run_at, id LIMIT {BATCH}
+FOR UPDATE SKIP LOCKED
+"""
 COMPLETE_SQLITE = (
     "UPDATE raw_jobs SET status = 'completed', finished_at = ?, result = ? "
     "WHERE id = ? AND status = 'running'"
@@ -93,6 +125,16 @@ COMPLETE_SQLITE = (
 COMPLETE_POSTGRES = (
     "UPDATE raw_jobs SET status = 'completed', finished_at = now(), result = %s "
     "WHERE id = %s AND status = 'running'"
+)
+
+# Then "WHERE id IN (…)" with the batch's ids: see work_mysql.
+MARK_MYSQL = (
+    "UPDATE raw_jobs SET status = 'running', attempts = attempts + 1, "
+    "started_at = UTC_TIMESTAMP(6) WHERE status = 'pending' AND id IN "
+)
+COMPLETE_MYSQL = (
+    "UPDATE raw_jobs SET status = 'completed', finished_at = UTC_TIMESTAMP(6), result = %s "
+    "WHERE status = 'running' AND id IN "
 )
 
 
@@ -159,6 +201,43 @@ def work_postgres(dsn: str, stopping: list[bool]) -> None:
                 cur.executemany(COMPLETE_POSTGRES, done)
 
 
+def mysql_setup(url: str) -> None:
+    from benchmarks.peers.common import mysql_connect
+
+    conn = mysql_connect(url, autocommit=True)
+    with conn.cursor() as cur:
+        cur.execute(MYSQL_SCHEMA)
+    conn.close()
+
+
+def _in(ids: list[int]) -> str:
+    return "(" + ", ".join(str(int(job_id)) for job_id in ids) + ")"
+
+
+def work_mysql(url: str, stopping: list[bool]) -> None:
+    from benchmarks.peers.common import mysql_connect
+
+    conn = mysql_connect(url, autocommit=False)
+    with conn.cursor() as cur:
+        cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        while not stopping:
+            cur.execute(LOCK_MYSQL)
+            rows = list(cur.fetchall())
+            if not rows:
+                conn.commit()
+                time.sleep(0.01)
+                continue
+            cur.execute(MARK_MYSQL + _in([row[0] for row in rows]))
+            conn.commit()
+            by_result: dict[str | None, list[int]] = {}
+            for result, job_id in run(rows):
+                by_result.setdefault(result, []).append(job_id)
+            for result, ids in by_result.items():
+                cur.execute(COMPLETE_MYSQL + _in(ids), (result,))
+            conn.commit()
+    conn.close()
+
+
 def main() -> None:
     kind, target = sys.argv[1], sys.argv[2]
     stopping: list[bool] = []
@@ -167,6 +246,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
     if kind == "sqlite":
         work_sqlite(target, stopping)
+    elif kind == "mysql":
+        work_mysql(target, stopping)
     else:
         work_postgres(target, stopping)
 

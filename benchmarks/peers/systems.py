@@ -2,7 +2,8 @@
 
 A system gives the harness an empty store (``fresh``), a producer that enqueues one job
 per commit (``enqueue_each``) or many at once (``enqueue_bulk``), the command its users
-run a worker with, and two counts read from its own store: jobs waiting and jobs finished.
+run a worker with at a given concurrency (the same for every system that has the notion),
+and two counts read from its own store: jobs waiting and jobs finished.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 from .common import BenchError
 from .common import base_env
 from .common import close_counters
+from .common import mysql_count as _mysql_count
+from .common import mysql_database
 from .common import pg_count as _pg_count
 from .common import postgres_database
 from .common import sqlite_count as _sqlite_count
@@ -35,18 +38,21 @@ class Context:
     """What the harness shares with every system in one invocation."""
 
     folder: Path
-    postgres: str
+    postgres: str  # an admin URL, libpq form
+    mysql: str  # an admin URL, mysql+pymysql://…
     redis_url: str | None
-    sqlqueue_concurrency: int
 
 
 class System:
     name = ""
-    store = ""  # "SQLite", "PostgreSQL" or "Redis"
+    store = ""  # "SQLite", "PostgreSQL", "MariaDB" or "Redis"
     kind = "peer"  # "sqlqueue", "peer" or "ceiling"
-    needs = ""  # "postgres" or "redis": skipped with a message when absent
+    needs = ""  # "postgres", "mysql" or "redis": skipped with a message when absent
     latency = True
     bulk_note = ""
+    # False: the worker has no concurrency setting; measured once, shown at every one.
+    concurrent = True
+    concurrency_note = ""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -70,15 +76,16 @@ class System:
     def finished(self) -> int:
         raise NotImplementedError
 
-    def worker_argv(self) -> list[str]:
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
+        """The worker's command line; ``concurrency`` is None for a system without one."""
         raise NotImplementedError
 
     def worker_env(self) -> dict[str, str]:
         return base_env(**self.env)
 
-    def command(self) -> str:
+    def command(self, concurrency: int | None = None) -> str:
         """The worker command, for the report."""
-        argv = self.worker_argv()
+        argv = self.worker_argv(concurrency)
         if argv[0] == PY:
             argv = ["python", *argv[1:]]
         return " ".join(argv)
@@ -99,6 +106,32 @@ def _sqlite_file(folder: Path, label: str) -> Iterator[Path]:
                 os.unlink(f"{path}{suffix}")
 
 
+# backend: (name suffix, store, server needed)
+BACKENDS = {
+    "sqlite": ("sqlite", "SQLite", ""),
+    "postgres": ("pg", "PostgreSQL", "postgres"),
+    "mysql": ("mysql", "MariaDB", "mysql"),
+}
+
+
+def _database(stack: contextlib.ExitStack, ctx: Context, backend: str, label: str) -> str:
+    """A fresh store for as long as ``stack`` is open: a SQLite file's path, or a
+    PostgreSQL (libpq form) or MariaDB database's URL."""
+    if backend == "sqlite":
+        return str(stack.enter_context(_sqlite_file(ctx.folder, label)))
+    if backend == "postgres":
+        return stack.enter_context(postgres_database(ctx.postgres, label))
+    return stack.enter_context(mysql_database(ctx.mysql, label))
+
+
+def _count(backend: str, target: str, sql: str) -> int:
+    if backend == "sqlite":
+        return _sqlite_count(Path(target), sql)
+    if backend == "postgres":
+        return _pg_count(target, sql)
+    return _mysql_count(target, sql)
+
+
 # -- flask_sqlqueue ---------------------------------------------------------------------
 
 
@@ -108,26 +141,23 @@ class SQLQueueSystem(System):
     def __init__(self, ctx: Context, backend: str) -> None:
         super().__init__(ctx)
         self.backend = backend
-        self.name = f"flask_sqlqueue-{'sqlite' if backend == 'sqlite' else 'pg'}"
-        self.store = "SQLite" if backend == "sqlite" else "PostgreSQL"
-        self.needs = "" if backend == "sqlite" else "postgres"
+        suffix, self.store, self.needs = BACKENDS[backend]
+        self.name = f"flask_sqlqueue-{suffix}"
         self._app: Any = None
         self._ctx: Any = None
-        self._count_target: Any = None
+        self._target = ""
 
     @contextlib.contextmanager
     def fresh(self) -> Iterator[None]:
         from benchmarks.peers import app_sqlqueue
 
         with contextlib.ExitStack() as stack:
+            self._target = _database(stack, self.ctx, self.backend, "fsq")
             if self.backend == "sqlite":
-                path = stack.enter_context(_sqlite_file(self.ctx.folder, "fsq"))
-                uri = f"sqlite:///{path}"
-                self._count_target = ("sqlite", path)
-            else:
-                dsn = stack.enter_context(postgres_database(self.ctx.postgres, "fsq"))
-                uri = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
-                self._count_target = ("postgres", dsn)
+                uri = f"sqlite:///{self._target}"
+            else:  # the drivers the project's extras install
+                driver = "postgresql+psycopg" if self.backend == "postgres" else "mysql+pymysql"
+                uri = f"{driver}://{self._target.split('://', 1)[1]}"
             self.env = {
                 "BENCH_DATABASE_URI": uri,
                 "FLASK_APP": "benchmarks.peers.app_sqlqueue:create_app",
@@ -176,9 +206,8 @@ class SQLQueueSystem(System):
         probe.enqueue(path)
 
     def _count(self, status: str) -> int:
-        kind, target = self._count_target
         sql = f"SELECT count(*) FROM sqlqueue_jobs WHERE status = '{status}'"
-        return _sqlite_count(target, sql) if kind == "sqlite" else _pg_count(target, sql)
+        return _count(self.backend, self._target, sql)
 
     def pending(self) -> int:
         return self._count("pending")
@@ -186,9 +215,9 @@ class SQLQueueSystem(System):
     def finished(self) -> int:
         return self._count("completed")
 
-    def worker_argv(self) -> list[str]:
-        concurrency = str(self.ctx.sqlqueue_concurrency)
-        return [PY, "-m", "flask", "queue", "work", "--concurrency", concurrency]
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
+        argv = [PY, "-m", "flask", "queue", "work"]
+        return argv if concurrency is None else [*argv, "--concurrency", str(concurrency)]
 
     def versions(self) -> str:
         return f"flask_sqlqueue {version('flask-sqlqueue')}"
@@ -200,13 +229,15 @@ class SQLQueueSystem(System):
 class RawSystem(System):
     kind = "ceiling"
     latency = False
+    concurrent = False
+    concurrency_note = "no setting: claims up to 100 jobs per transaction, runs them in turn"
+    DRIVERS = {"sqlite": "sqlite", "postgres": "psycopg", "mysql": "pymysql"}
 
     def __init__(self, ctx: Context, backend: str) -> None:
         super().__init__(ctx)
         self.backend = backend
-        self.name = "raw-sqlite" if backend == "sqlite" else "raw-psycopg"
-        self.store = "SQLite" if backend == "sqlite" else "PostgreSQL"
-        self.needs = "" if backend == "sqlite" else "postgres"
+        self.name = f"raw-{self.DRIVERS[backend]}"
+        _, self.store, self.needs = BACKENDS[backend]
         self.bulk_note = "`executemany` in one transaction"
         self._target = ""
         self._conn: Any = None
@@ -216,18 +247,21 @@ class RawSystem(System):
         from benchmarks.peers import raw_worker
 
         with contextlib.ExitStack() as stack:
+            self._target = _database(stack, self.ctx, self.backend, "raw")
             if self.backend == "sqlite":
-                path = stack.enter_context(_sqlite_file(self.ctx.folder, "raw"))
-                self._target = str(path)
                 raw_worker.sqlite_setup(self._target)
                 self._conn = raw_worker.sqlite_connect(self._target)
-            else:
+            elif self.backend == "postgres":
                 import psycopg
 
-                self._target = stack.enter_context(postgres_database(self.ctx.postgres, "raw"))
                 self._conn = psycopg.connect(self._target)
                 with self._conn.transaction():
                     self._conn.execute(raw_worker.POSTGRES_SCHEMA)
+            else:
+                from benchmarks.peers.common import mysql_connect
+
+                raw_worker.mysql_setup(self._target)
+                self._conn = mysql_connect(self._target, autocommit=False)
             try:
                 yield
             finally:
@@ -247,11 +281,17 @@ class RawSystem(System):
                 conn.execute("BEGIN IMMEDIATE")
                 conn.execute(raw_worker.INSERT_SQLITE, ("noop", payload, now, now))
                 conn.execute("COMMIT")
-        else:
+        elif self.backend == "postgres":
             for _ in range(n):
                 payload = json.dumps({"args": [], "kwargs": {}})
                 with conn.transaction():
                     conn.execute(raw_worker.INSERT_POSTGRES, ("noop", payload))
+        else:
+            with conn.cursor() as cur:
+                for _ in range(n):
+                    payload = json.dumps({"args": [], "kwargs": {}})
+                    cur.execute(raw_worker.INSERT_MYSQL, ("noop", payload))
+                    conn.commit()
 
     def enqueue_bulk(self, n: int) -> None:
         import json
@@ -266,15 +306,17 @@ class RawSystem(System):
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany(raw_worker.INSERT_SQLITE, [("noop", p, now, now) for p in payloads])
             conn.execute("COMMIT")
-        else:
+        elif self.backend == "postgres":
             with conn.transaction(), conn.cursor() as cur:
                 cur.executemany(raw_worker.INSERT_POSTGRES, [("noop", p) for p in payloads])
+        else:  # PyMySQL sends an INSERT's executemany as multi-row INSERTs
+            with conn.cursor() as cur:
+                cur.executemany(raw_worker.INSERT_MYSQL, [("noop", p) for p in payloads])
+            conn.commit()
 
     def _count(self, status: str) -> int:
         sql = f"SELECT count(*) FROM raw_jobs WHERE status = '{status}'"
-        if self.backend == "sqlite":
-            return _sqlite_count(Path(self._target), sql)
-        return _pg_count(self._target, sql)
+        return _count(self.backend, self._target, sql)
 
     def pending(self) -> int:
         return self._count("pending")
@@ -282,16 +324,16 @@ class RawSystem(System):
     def finished(self) -> int:
         return self._count("completed")
 
-    def worker_argv(self) -> list[str]:
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
         return [PY, "-m", "benchmarks.peers.raw_worker", self.backend, self._target]
 
-    def command(self) -> str:
+    def command(self, concurrency: int | None = None) -> str:
         return f"python -m benchmarks.peers.raw_worker {self.backend} <database>"
 
     def versions(self) -> str:
         if self.backend == "sqlite":
             return f"sqlite3 {sqlite3.sqlite_version}"
-        return f"psycopg {version('psycopg')}"
+        return f"{self.DRIVERS[self.backend]} {version(self.DRIVERS[self.backend])}"
 
 
 # -- Huey ------------------------------------------------------------------------------
@@ -331,8 +373,9 @@ class HueySystem(System):
     def finished(self) -> int:
         return _sqlite_count(self._path, "SELECT count(*) FROM kv")
 
-    def worker_argv(self) -> list[str]:
-        return [PY, "-m", "huey.bin.huey_consumer", "benchmarks.peers.app_huey.huey"]
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
+        argv = [PY, "-m", "huey.bin.huey_consumer", "benchmarks.peers.app_huey.huey"]
+        return argv if concurrency is None else [*argv, "-w", str(concurrency), "-k", "thread"]
 
     def versions(self) -> str:
         return f"huey {version('huey')}"
@@ -346,6 +389,8 @@ class RQSystem(System):
     store = "Redis"
     needs = "redis"
     bulk_note = "`Queue.enqueue_many(...)` (one pipeline)"
+    concurrent = False
+    concurrency_note = "no setting: a worker process runs one job at a time"
 
     @contextlib.contextmanager
     def fresh(self) -> Iterator[None]:
@@ -386,7 +431,7 @@ class RQSystem(System):
 
         return FinishedJobRegistry(queue=self._queue).count
 
-    def worker_argv(self) -> list[str]:
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
         assert self.ctx.redis_url is not None
         return [
             PY,
@@ -401,7 +446,7 @@ class RQSystem(System):
             "default",
         ]
 
-    def command(self) -> str:
+    def command(self, concurrency: int | None = None) -> str:
         return "rq worker --worker-class rq.worker.SimpleWorker --url <redis> --quiet default"
 
     def versions(self) -> str:
@@ -452,19 +497,13 @@ class CelerySystem(System):
     def finished(self) -> int:
         return int(self._results.dbsize())
 
-    def worker_argv(self) -> list[str]:
-        return [
-            PY,
-            "-m",
-            "celery",
-            "-A",
-            "benchmarks.peers.app_celery",
-            "worker",
-            "--pool",
-            "solo",
-            "--loglevel",
-            "WARNING",
-        ]
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
+        argv = [PY, "-m", "celery", "-A", "benchmarks.peers.app_celery", "worker"]
+        # Threads, as flask_sqlqueue's and Huey's workers: one process at every concurrency.
+        pool = ["--pool", "solo"] if concurrency is None else ["--pool", "threads"]
+        if concurrency is not None:
+            pool += ["--concurrency", str(concurrency)]
+        return [*argv, *pool, "--loglevel", "WARNING"]
 
     def versions(self) -> str:
         return f"celery {version('celery')}, kombu {version('kombu')}, redis-py {version('redis')}"
@@ -509,15 +548,10 @@ class ProcrastinateSystem(System):
             self._dsn, "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
         )
 
-    def worker_argv(self) -> list[str]:
-        return [
-            PY,
-            "-m",
-            "procrastinate",
-            "--app",
-            "benchmarks.peers.app_procrastinate.app",
-            "worker",
-        ]
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
+        app = "benchmarks.peers.app_procrastinate.app"
+        argv = [PY, "-m", "procrastinate", "--app", app, "worker"]
+        return argv if concurrency is None else [*argv, "--concurrency", str(concurrency)]
 
     def versions(self) -> str:
         return f"procrastinate {version('procrastinate')}"
@@ -528,6 +562,10 @@ class PgQueuerSystem(System):
     store = "PostgreSQL"
     needs = "postgres"
     bulk_note = "`Queries.enqueue([...])`, one statement"
+    concurrency_note = (
+        "`--batch-size N`: jobs taken per dequeue, each run as an asyncio task "
+        "(its `--max-concurrent-tasks` must be at least twice the batch)"
+    )
 
     @contextlib.contextmanager
     def fresh(self) -> Iterator[None]:
@@ -570,11 +608,16 @@ class PgQueuerSystem(System):
     def finished(self) -> int:
         return _pg_count(self._dsn, "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'")
 
-    def worker_argv(self) -> list[str]:
-        return [PY, "-m", "benchmarks.peers.app_pgqueuer"]
+    def worker_argv(self, concurrency: int | None = None) -> list[str]:
+        argv = [PY, "-m", "benchmarks.peers.app_pgqueuer"]
+        return argv if concurrency is None else [*argv, "--batch-size", str(concurrency)]
 
-    def command(self) -> str:
-        return "python -m benchmarks.peers.app_pgqueuer (= pgq run ...app_pgqueuer:main)"
+    def command(self, concurrency: int | None = None) -> str:
+        flag = "" if concurrency is None else f" --batch-size {concurrency}"
+        return (
+            f"python -m benchmarks.peers.app_pgqueuer{flag} "
+            f"(= pgq run{flag} benchmarks.peers.app_pgqueuer:main)"
+        )
 
     def versions(self) -> str:
         driver = "asyncpg" if importlib.util.find_spec("asyncpg") else "psycopg"
@@ -590,6 +633,8 @@ def all_systems(ctx: Context) -> list[System]:
         RawSystem(ctx, "postgres"),
         ProcrastinateSystem(ctx),
         PgQueuerSystem(ctx),
+        SQLQueueSystem(ctx, "mysql"),
+        RawSystem(ctx, "mysql"),
         RQSystem(ctx),
         CelerySystem(ctx),
     ]
