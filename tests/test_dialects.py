@@ -84,17 +84,28 @@ def test_a_server_database_is_its_address_and_name_whatever_the_driver() -> None
     assert database_identity(sa.make_url("oracle://db/queue")) == "oracle://db:/queue"
 
 
-def test_only_sqlite_is_a_file_with_same_host_wake_ups_and_one_writer(tmp_path: Path) -> None:
+def test_only_sqlite_is_a_file_and_one_writer(tmp_path: Path) -> None:
     url = sa.make_url(f"sqlite:///{tmp_path / 'q.db'}")
     sqlite = for_dialect("sqlite")
     assert sqlite.single_writer
     assert sqlite.database_file(url) == str(tmp_path / "q.db")
-    assert sqlite.wake_dir(url) is not None
     for name in SERVERS:
         ops = for_dialect(name)
         assert not ops.single_writer
         assert ops.database_file(sa.make_url(f"{name}://db/q")) is None
-        assert ops.wake_dir(sa.make_url(f"{name}://db/q")) is None
+
+
+def test_same_host_wake_ups_where_the_database_cannot_notify(tmp_path: Path) -> None:
+    """SQLite and MariaDB wake this host's workers by a socket, one folder per database;
+    PostgreSQL has NOTIFY."""
+    sqlite = for_dialect("sqlite")
+    assert sqlite.wake_dir(sa.make_url(f"sqlite:///{tmp_path / 'q.db'}")) is not None
+    mysql = for_dialect("mysql")
+    one = mysql.wake_dir(sa.make_url("mysql+pymysql://root@db:3306/q"))
+    assert one is not None
+    assert one == mysql.wake_dir(sa.make_url("mysql+pymysql://other@db:3306/q"))
+    assert one != mysql.wake_dir(sa.make_url("mysql+pymysql://root@db:3306/other"))
+    assert for_dialect("postgresql").wake_dir(sa.make_url("postgresql://db/q")) is None
 
 
 def test_sqlites_busy_error_is_the_one_sqlite_raises_and_may_pass() -> None:

@@ -3,7 +3,7 @@ through: the ``flask queue`` commands, the admin's buttons, or ``queue.resume()`
 
 An idle worker in another process, polling far less often than any wait here, must run
 the job the door made runnable: woken by PostgreSQL's NOTIFY, or on SQLite by the
-same-host socket. (MariaDB workers poll: nothing wakes them from another process.)
+same-host socket, as on MariaDB (whose workers on other hosts poll).
 Before the operations layer, retries and ``flask queue rescue`` sent no NOTIFY, so on
 PostgreSQL their jobs waited for the next poll.
 """
@@ -26,7 +26,7 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
-from flask_sqlqueue.core import wakeup
+from flask_sqlqueue.core.dialects import for_dialect
 from flask_sqlqueue.core.dialects.postgresql import CHANNEL
 from flask_sqlqueue.core.models import jobs
 from tests import sample_app
@@ -120,8 +120,8 @@ class Doors:
 def _listening(uri: str, pid: int) -> bool:
     """Whether the worker process listens for wake-ups (so none it is sent is lost)."""
     url = sa.make_url(uri)
-    if url.get_backend_name() == "sqlite":
-        folder = wakeup.wake_dir(url.database or "")
+    if url.get_backend_name() != "postgresql":
+        folder = for_dialect(url.get_backend_name()).wake_dir(url)
         return (
             folder is not None
             and folder.exists()
@@ -136,14 +136,14 @@ def _listening(uri: str, pid: int) -> bool:
     return bool(rows[0][0])
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+@pytest.fixture(scope="module", params=["sqlite", "postgresql", "mysql"])
 def wake_uri(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('doors') / 'queue.db'}"
     else:
-        with fresh_database("postgresql") as uri:
+        with fresh_database(request.param) as uri:
             yield uri
 
 

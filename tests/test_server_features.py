@@ -29,12 +29,14 @@ ENQUEUE = (
 )
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
 def wake_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLite's and MariaDB's workers on this host are woken by a socket; PostgreSQL's
+    by NOTIFY."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'queue.db'}"
     else:
-        with fresh_database("postgresql") as uri:
+        with fresh_database(request.param) as uri:
             yield uri
 
 

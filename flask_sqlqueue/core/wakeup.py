@@ -1,5 +1,6 @@
-"""Same-host wake-ups for SQLite: a worker claims a new job at once instead of at its
-next poll, without polling the database in a tight loop.
+"""Same-host wake-ups for databases that cannot notify (SQLite, MariaDB): a worker claims
+a new job at once instead of at its next poll, without polling the database in a tight
+loop. Workers on other hosts (MariaDB) still poll.
 
 Each idle worker binds a Unix datagram socket in a folder private to this user and this
 database; after a commit, an enqueue sends one byte to every socket there. It is a hint
@@ -21,11 +22,12 @@ from pathlib import Path
 log = logging.getLogger("flask_sqlqueue.worker")
 
 
-def wake_dir(database_path: str) -> Path | None:
-    """The folder of wake-up sockets for a database file; ``None`` without Unix sockets."""
+def wake_dir(database: str) -> Path | None:
+    """The folder of wake-up sockets for a database (``database`` names it: a file's
+    real path, a server's address and database); ``None`` without Unix sockets."""
     if not hasattr(socket, "AF_UNIX"):
         return None
-    digest = hashlib.sha256(os.path.realpath(database_path).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(database.encode()).hexdigest()[:16]
     # Short on purpose: a socket path must fit in about 100 bytes.
     return Path(tempfile.gettempdir()) / f"sqlqueue-{os.getuid()}" / digest
 

@@ -8,15 +8,19 @@ caller's transaction; the row locks keep other claimers off until it commits.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Engine
 
 from ...exceptions import UnsupportedDatabase
+from .. import wakeup
 from ..models import effects
 from ..models import jobs
 from ..models import limits as limits_table
@@ -37,6 +41,14 @@ class MySQLOps(ServerOps):
     # less room for the statement's other columns.
     default_value_limit = 16 * 2**20 - _STATEMENT_ROOM
     value_limit_source = "MariaDB (its max_allowed_packet, less 64 KiB for the statement)"
+
+    def wake_dir(self, url: sa.URL) -> Path | None:
+        # No LISTEN/NOTIFY here: the workers on this host are woken as SQLite's are;
+        # those on other hosts find new jobs at their next poll.
+        return wakeup.wake_dir(self.identity(url))
+
+    def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
+        wakeup.listen(self.wake_dir(engine.url), wake, stop)
 
     def value_limit(self, conn: Connection) -> int:
         packet = conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one()

@@ -73,7 +73,7 @@ class SQLiteOps(DialectOps):
         return os.path.abspath(url.database or "")
 
     def wake_dir(self, url: sa.URL) -> Path | None:
-        return wakeup.wake_dir(url.database or "")
+        return wakeup.wake_dir(os.path.realpath(url.database or ""))
 
     def busy_error(self, reason: str) -> Exception:
         return sa.exc.OperationalError(
