@@ -43,7 +43,7 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.chaos import fresh_database  # noqa: E402  (needs ROOT on the path)
+from benchmarks.chaos.harness import fresh_database  # noqa: E402  (needs ROOT on the path)
 
 
 def fill(url: str, jobs: int, batch: int) -> float:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,8 @@ from benchmarks.peers.__main__ import main
 from benchmarks.peers.common import BenchError
 from benchmarks.peers.systems import Context
 from benchmarks.peers.systems import RawSystem
+from tests.conftest import ROOT
+from tests.waiting import scaled
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +128,29 @@ def test_a_duplicate_is_an_error_not_a_figure(tmp_path: Path) -> None:
         with pytest.raises(BenchError, match="51"):
             harness.drain(system, 1, sizes, results, tmp_path)
     assert ("raw-sqlite", "drain1") not in results.values
+
+
+@pytest.mark.parametrize(
+    "script, options",
+    [
+        ("drain.py", ["--jobs", "60", "--concurrency", "1", "--concurrency", "2"]),
+        ("latency.py", ["--samples", "3"]),
+    ],
+)
+def test_the_single_measurement_scripts_run(script: str, options: list[str]) -> None:
+    """``benchmarks/drain.py`` and ``benchmarks/latency.py`` end to end on SQLite, tiny."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / script),
+            "--database-url",
+            "sqlite:///",
+            *options,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "| sqlite |" in done.stdout, done.stdout
