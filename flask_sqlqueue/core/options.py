@@ -78,6 +78,8 @@ class EnqueueOptions:
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with every value ``other`` sets taking precedence."""
+        if other is self or other == _NO_OPTIONS:
+            return self  # a task's own options, as Task.enqueue passes them: checked once
         values = {
             name: getattr(other, name) if getattr(other, name) is not None else getattr(self, name)
             for name in self.__dataclass_fields__
@@ -251,3 +253,7 @@ def misfit(
     except TypeError as exc:
         return str(exc)
     return None
+
+
+#: Options that change nothing (``EnqueueOptions.merged`` returns what it merges into).
+_NO_OPTIONS = EnqueueOptions()
