@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import ParamSpec
 from typing import TypeVar
@@ -27,8 +28,6 @@ from typing import overload
 from flask import Flask
 from flask import current_app
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
-from sqlalchemy.orm import scoped_session
 
 from . import schema
 from .config import DEFAULTS
@@ -55,6 +54,10 @@ from .core.worker import Worker
 from .core.worker import WorkerOptions
 from .exceptions import ConfigurationError
 from .exceptions import QueueNotSetUp
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import scoped_session
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -10,6 +10,7 @@ from alembic import context
 
 from flask_sqlqueue.core.models import VERSION_TABLE
 from flask_sqlqueue.core.models import metadata
+from flask_sqlqueue.core.models import use_dialect
 
 connection = context.config.attributes.get("connection")
 if connection is None:
@@ -17,6 +18,7 @@ if connection is None:
         "flask_sqlqueue's migrations run through `flask queue db upgrade`, not plain alembic."
     )
 
+use_dialect(connection.dialect.name)  # the tables' options on this database
 context.configure(
     connection=connection,
     target_metadata=metadata,

@@ -102,8 +102,9 @@ def enqueue(
         made = store.enqueue_many(name, encoded, options)
     else:
         ((payload, key, limit),) = encoded
-        one = dataclasses.replace(options, idempotency_key=key, concurrency_key=limit)
-        made = [store.enqueue(name, payload, one)]
+        if (key, limit) != (options.idempotency_key, options.concurrency_key):
+            options = dataclasses.replace(options, idempotency_key=key, concurrency_key=limit)
+        made = [store.enqueue(name, payload, options)]
     if eager is not None and found is not None:
         for job in dict.fromkeys(made):  # a key repeated in the batch is one job
             eager.run_job(job.id)

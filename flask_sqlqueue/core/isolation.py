@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import logging
 import math
-import multiprocessing
 import os
 import signal
 import threading
@@ -39,7 +39,6 @@ import traceback
 from collections.abc import Callable
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import NamedTuple
@@ -61,6 +60,8 @@ from .lifecycle import format_error
 from .payload import encode_value
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from .store import Store
     from .tasks import Task
 
@@ -258,7 +259,6 @@ class Isolation:
 
     def __init__(self, loader: RuntimeLoader) -> None:
         self.loader = loader
-        self._mp = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
         self._idle: list[_Child] = []
         self._busy: set[_Child] = set()
@@ -267,6 +267,13 @@ class Isolation:
         # multiprocessing joins live non-daemon children at exit, and an idle child waits
         # for work forever: stop ours first (atexit runs the last registered first).
         atexit.register(self.close)
+
+    @functools.cached_property
+    def _mp(self) -> Any:
+        # Imported with the first child: a worker that starts none never loads it.
+        import multiprocessing
+
+        return multiprocessing.get_context("spawn")
 
     def reopen(self) -> None:
         """Start and keep children again after :meth:`close` (a worker run again)."""
@@ -457,6 +464,8 @@ def _on_stop(_signum: int, _frame: Any) -> None:
 def _watch_parent() -> None:
     # A parent killed with SIGKILL cannot stop its children; they must not run on,
     # unsupervised, while the job is rescued and run again elsewhere.
+    import multiprocessing
+
     parent = multiprocessing.parent_process()
     if parent is not None:
         parent.join()  # returns when the worker's end of the sentinel pipe closes

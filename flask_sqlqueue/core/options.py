@@ -19,17 +19,20 @@ from dataclasses import field
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from typing import Any
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
-from sqlalchemy.orm import scoped_session
 
 from ..bounds import EARLIEST_RUN_AT
 from ..bounds import LATEST_RUN_AT
 from ..bounds import RUN_AT_RANGE
 from ..bounds import longest_delay
 from .models import JobStatus
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import scoped_session
 
 _QUEUE_NAME = re.compile(r"[\w.:-]{1,100}")
 _INT32 = 2**31
@@ -70,16 +73,13 @@ class EnqueueOptions:
         key = self.idempotency_key
         if key is not None:
             check_key(key, "idempotency_key")
-        if self.session is not None and not isinstance(
-            self.session, Session | scoped_session | Connection
-        ):
-            raise TypeError(
-                "session must be a SQLAlchemy Session (or a scoped_session such as "
-                f"Flask-SQLAlchemy's db.session) or Connection, got {self.session!r}."
-            )
+        if self.session is not None and not isinstance(self.session, Connection):
+            _check_session(self.session)
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with every value ``other`` sets taking precedence."""
+        if other is self or other == _NO_OPTIONS:
+            return self  # a task's own options, as Task.enqueue passes them: checked once
         values = {
             name: getattr(other, name) if getattr(other, name) is not None else getattr(self, name)
             for name in self.__dataclass_fields__
@@ -89,6 +89,19 @@ class EnqueueOptions:
         if other.run_at is not None:
             values["delay"] = None
         return EnqueueOptions(**values)
+
+
+def _check_session(session: object) -> None:
+    # Not a Connection, so an ORM session: the caller has loaded the ORM, which the queue
+    # itself never imports (it writes Core rows; a worker is spared the ORM's memory).
+    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import scoped_session
+
+    if not isinstance(session, Session | scoped_session):
+        raise TypeError(
+            "session must be a SQLAlchemy Session (or a scoped_session such as "
+            f"Flask-SQLAlchemy's db.session) or Connection, got {session!r}."
+        )
 
 
 def check_options(
@@ -240,3 +253,7 @@ def misfit(
     except TypeError as exc:
         return str(exc)
     return None
+
+
+#: Options that change nothing (``EnqueueOptions.merged`` returns what it merges into).
+_NO_OPTIONS = EnqueueOptions()

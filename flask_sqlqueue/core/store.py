@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
 
@@ -26,8 +27,6 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session
-from sqlalchemy.orm import scoped_session
 
 from ..config import Settings
 from ..exceptions import DatabaseFileChanged
@@ -49,6 +48,9 @@ from .models import jobs
 from .models import utcnow
 from .options import EnqueueOptions
 from .options import job_values
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 T = TypeVar("T")
 
@@ -238,10 +240,16 @@ class Store:
         """Run ``insert`` in the queue's own transaction, or in the caller's ``session``;
         wake the workers and announce the jobs once it has committed."""
         target = options.session
-        if isinstance(target, scoped_session):
+        caller: Session | Connection | None = None
+        if isinstance(target, Connection):
+            caller = target
+        elif target is not None:
+            # A Session: the caller has loaded the ORM, which the queue never needs itself.
+            from sqlalchemy.orm import scoped_session
+
             # Flask-SQLAlchemy's db.session: write in the session of the current scope.
-            target = target()
-        if target is None:
+            caller = target() if isinstance(target, scoped_session) else target
+        if caller is None:
             try:
                 with self.write() as conn:
                     made = insert(conn)
@@ -255,15 +263,15 @@ class Store:
             self.wake()
             announce(made)
             return made
-        conn = self._caller_connection(target)
+        conn = self._caller_connection(caller)
         made = insert(conn)
-        if isinstance(target, Session):
+        if not isinstance(caller, Connection):
 
             def committed(_session: Session) -> None:
                 self.wake()
                 announce(made)
 
-            event.listen(target, "after_commit", committed, once=True)
+            event.listen(caller, "after_commit", committed, once=True)
         else:
             self.wake()  # a hint only: a worker woken early just polls again later
             announce(made)
@@ -349,7 +357,7 @@ class Store:
         )
 
     def _caller_connection(self, target: Session | Connection) -> Connection:
-        conn = target.connection() if isinstance(target, Session) else target
+        conn = target if isinstance(target, Connection) else target.connection()
         if database_identity(conn.engine.url) != self.identity:
             raise ValueError(
                 "session= must be bound to the queue's own database "

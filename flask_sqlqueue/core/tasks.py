@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from collections.abc import Mapping
 from datetime import datetime
 from datetime import timedelta
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import Generic
 from typing import ParamSpec
@@ -18,8 +19,6 @@ from typing import TypedDict
 from typing import TypeVar
 
 from sqlalchemy.engine import Connection
-from sqlalchemy.orm import Session
-from sqlalchemy.orm import scoped_session
 
 from ..exceptions import DuplicateTask
 from .jobs import Job
@@ -31,6 +30,10 @@ from .options import EnqueueOptions
 from .options import check_task_name
 from .options import signature_of
 from .schedule import Schedule
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+    from sqlalchemy.orm import scoped_session
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -136,8 +136,8 @@ class MySQLOps(ServerOps):
         return {row.name: row for row in rows}
 
     def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
-        if values.get("idempotency_key") is None:  # nothing to collide with: no savepoint
-            return int(conn.execute(_INSERT_JOB, values).inserted_primary_key[0])  # type: ignore[index]
+        if values["idempotency_key"] is None:  # nothing to collide with: no savepoint
+            return super().insert_job(conn, values)
         result = _insert_once(conn, _INSERT_JOB, values)
         return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
 
