@@ -38,6 +38,11 @@ from ..models import limits as limits_table
 
 PENDING = JobStatus.PENDING.value
 RUNNING = JobStatus.RUNNING.value
+COMPLETED = JobStatus.COMPLETED.value
+
+#: What a batch of successes gives :meth:`DialectOps.complete_claimed`: ``(job id, claim
+#: token, result)`` for each job, every id once.
+Done = tuple[int, str, "str | None"]
 
 #: The columns a worker needs to run a job it has just claimed.
 CLAIM_COLUMNS = (
@@ -83,11 +88,64 @@ def claim_update(chosen: sa.ColumnElement[bool]) -> sa.Update:
     return sa.update(jobs).where(chosen).values(values).returning(*CLAIM_COLUMNS)
 
 
+@functools.lru_cache(maxsize=256)
+def complete_listed(size: int, valued: bool) -> sa.Update:
+    """``UPDATE … SET <completed> WHERE id IN (:b_id0, …) AND status = 'running' AND
+    claim_token = CASE id WHEN :b_id0 THEN :b_token0 … END``: the completion of ``size``
+    jobs, each fenced by its own token, in one statement on any database, its result
+    bound per job with ``valued`` (else ``NULL`` for all). Built once per size: a batch
+    holds at most a worker's threads."""
+    ids = [sa.bindparam(f"b_id{n}", type_=jobs.c.id.type) for n in range(size)]
+
+    def per_job(name: str, column: sa.Column[Any]) -> sa.Case[Any]:
+        return sa.case(
+            *(
+                (jobs.c.id == ids[n], sa.bindparam(f"{name}{n}", type_=column.type))
+                for n in range(size)
+            )
+        )
+
+    now = sa.bindparam("b_now", type_=jobs.c.finished_at.type)
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.id.in_(ids),
+            jobs.c.status == RUNNING,
+            jobs.c.claim_token == per_job("b_token", jobs.c.claim_token),
+        )
+        .values(
+            status=COMPLETED,
+            result=per_job("b_result", jobs.c.result) if valued else None,
+            finished_at=now,
+            updated_at=now,
+            claim_token=None,
+        )
+    )
+
+
+def listed_params(done: Sequence[Done], now: datetime) -> tuple[bool, dict[str, Any]]:
+    """Whether any job of ``done`` has a result, and the parameters of
+    :func:`complete_listed` for it."""
+    params: dict[str, Any] = {"b_now": now}
+    valued = False
+    for n, (job_id, token, result) in enumerate(done):
+        params[f"b_id{n}"] = job_id
+        params[f"b_token{n}"] = token
+        params[f"b_result{n}"] = result
+        valued = valued or result is not None
+    return valued, params
+
+
 @functools.cache
 def _insert_once_statement(insert: Callable[..., Any], unique: sa.Column[Any]) -> Any:
     # Built once: constructing the statement per call cost more than executing it.
     table = unique.table
     return insert(table).on_conflict_do_nothing(index_elements=[unique]).returning(table.c.id)
+
+
+@functools.lru_cache(maxsize=256)
+def _returning_id(stmt: sa.Update) -> sa.Update:
+    return stmt.returning(jobs.c.id)
 
 
 def insert_once(
@@ -298,6 +356,18 @@ class DialectOps:
             .returning(*CLAIM_COLUMNS)
         )
         return sorted(conn.execute(stmt).all(), key=claim_order)
+
+    def complete_claimed(self, conn: Connection, done: Sequence[Done], now: datetime) -> set[int]:
+        """Complete the running attempts of ``done``, each fenced by its own claim token
+        exactly as a single completion is, in one statement; return the ids completed.
+        A job whose claim was lost gets nothing written. Rows are locked in id order
+        (every id of ``done`` is distinct, and sorted by the caller).
+
+        Default: :func:`complete_listed` with ``RETURNING id`` (SQLite).
+        """
+        valued, params = listed_params(done, now)
+        stmt = _returning_id(complete_listed(len(done), valued))
+        return set(conn.execute(stmt, params).scalars())
 
     def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
         """Insert jobs without idempotency keys, in one transaction; their ids, in the
