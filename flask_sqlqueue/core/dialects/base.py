@@ -369,7 +369,30 @@ class DialectOps:
         stmt = _returning_id(complete_listed(len(done), valued))
         return set(conn.execute(stmt, params).scalars())
 
-    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
+        """Insert jobs in one transaction, in the order of ``rows``; their ids in that
+        order, ``None`` for a row whose idempotency key another job holds already (the
+        keys of ``rows`` are distinct; a caller looks the holders up).
+
+        Default: each run of rows without a key in multi-row INSERTs
+        (:meth:`insert_plain`), each row with a key inserted once (:meth:`insert_job`),
+        so that ids keep the order of ``rows``.
+        """
+        ids: list[int | None] = []
+        run: list[dict[str, Any]] = []
+        for row in rows:
+            if row.get("idempotency_key") is None:
+                run.append(row)
+                continue
+            if run:
+                ids += self.insert_plain(conn, run)
+                run = []
+            ids.append(self.insert_job(conn, row))
+        if run:
+            ids += self.insert_plain(conn, run)
+        return ids
+
+    def insert_plain(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
         """Insert jobs without idempotency keys, in one transaction; their ids, in the
         order of ``rows``."""
         if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
@@ -379,7 +402,8 @@ class DialectOps:
                 sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rows
             )
             return [int(job_id) for job_id in result.scalars()]
-        # No RETURNING for many rows (MySQL): still one transaction, a row at a time.
+        # No RETURNING for many rows (MySQL; MariaDB has it from 10.5): still one
+        # transaction, a row at a time.
         return [
             int(conn.execute(sa.insert(jobs), row).inserted_primary_key[0])  # type: ignore[index]
             for row in rows
