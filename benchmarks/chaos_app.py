@@ -155,7 +155,10 @@ def _install_broken(mode: str) -> None:
             )
             return done.rowcount == 1
 
-        def unfenced_complete_many(conn: Connection, done: Any, now: datetime) -> set[int]:
+        def unfenced_complete_many(
+            conn: Connection, ops: Any, done: Any, now: datetime
+        ) -> set[int]:
+            del ops
             return {
                 job_id
                 for job_id, token, result in done

@@ -15,7 +15,8 @@ Figures:
 - *drain jobs/s*: jobs / (last ``finished_at`` - first ``started_at``), both stamped by the
   queue's clock: the steady-state rate, without the process's start-up.
 - *process jobs/s*: jobs / wall time of the whole worker process, start-up included.
-- *fill jobs/s*: the ``enqueue_many`` rate of the fill, in batches of ``--batch``.
+- *fill jobs/s*: the ``enqueue_many`` rate of the fill, in batches of ``--batch``
+  (``--jobs 20001 --batch 20000 --fill-only``: one call of 20,000 jobs, and no drain).
 
 ``--profile py-spy`` samples every thread of the worker (``py-spy record --threads
 --format raw``) and prints the functions with the most samples, both "self" (the frame
@@ -192,6 +193,10 @@ def _short(frame: str) -> str:
     return f"{name} ({short})"
 
 
+def _median(rates: list[float]) -> str:
+    return f"{statistics.median(rates):,.0f}" if rates else "—"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--database-url", required=True, action="append", dest="urls")
@@ -199,13 +204,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000, help="enqueue_many batch size")
     parser.add_argument("--concurrency", type=int, action="append", dest="concurrencies")
     parser.add_argument("--runs", type=int, default=1, help="runs per setting; median shown")
+    parser.add_argument("--fill-only", action="store_true", help="time the fill, drain nothing")
     parser.add_argument("--profile", choices=["py-spy"], default=None)
     parser.add_argument("--out", type=Path, default=None, help="keep py-spy's raw stacks here")
     args = parser.parse_args()
     concurrencies = args.concurrencies or [1]
     print(
         f"Drain of {args.jobs} no-op jobs by one `flask queue work --burst` process; "
-        f"{os.cpu_count()} cores; median of {args.runs} run(s)\n"
+        f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f}; "
+        f"median of {args.runs} run(s)\n"
     )
     print("| database | concurrency | drain jobs/s | process jobs/s | fill jobs/s |")
     print("|---|---:|---:|---:|---:|")
@@ -220,14 +227,17 @@ def main() -> None:
                     fresh_database(url, Path(folder), "drain") as fresh,
                 ):
                     fills.append(args.jobs / fill(fresh, args.jobs, args.batch))
+                    if args.fill_only:
+                        continue
                     figures = drain(fresh, args.jobs, concurrency, args.profile, args.out)
                 drains.append(figures["drain"])
                 processes.append(figures["process"])
                 if "profile" in figures:
                     profiles.append((name, concurrency, figures["profile"]))
+            each = ", ".join(f"{rate:,.0f}" for rate in fills)
             print(
-                f"| {name} | {concurrency} | {statistics.median(drains):,.0f} | "
-                f"{statistics.median(processes):,.0f} | {statistics.median(fills):,.0f} |",
+                f"| {name} | {concurrency} | {_median(drains)} | {_median(processes)} | "
+                f"{_median(fills)} ({each}) |",
                 flush=True,
             )
     for name, concurrency, text in profiles:

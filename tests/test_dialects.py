@@ -3,6 +3,7 @@ bulk inserts and doctor's checks, tested on the dialect objects themselves."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -146,3 +147,41 @@ def test_insert_jobs_gives_each_row_its_own_id_in_order(core_store: Store) -> No
     with core_store.read() as conn:
         stored = dict(conn.execute(sa.select(jobs.c.id, jobs.c.payload)).all())
     assert [stored[i] for i in ids] == [row["payload"] for row in rows]
+
+
+def test_insert_jobs_writes_each_rows_own_values_and_skips_held_keys(core_store: Store) -> None:
+    """Values that differ between rows (times, numbers, keys, text that needs escaping)
+    are each written to their own row; a row whose key is held gets ``None``."""
+    now = utcnow()
+    values = job_values("t", "", EnqueueOptions(), default_max_attempts=3, now=now)
+    with core_store.write() as conn:
+        (held,) = core_store.ops.insert_jobs(conn, [{**values, "idempotency_key": "held"}])
+    texts = ['{"args": ["a \\"quoted\\" \\\\ {brace}, NULL"]}', '{"args": ["ünï ☃ 𝄞"]}', "{}"]
+    rows = [
+        {
+            **values,
+            "payload": texts[n % 3],
+            "priority": n - 5,
+            "run_at": now + timedelta(seconds=n, microseconds=n),
+            "idempotency_key": None if n % 4 else ("held" if n == 8 else f"key-{n}"),
+        }
+        for n in range(12)
+    ]
+    with core_store.write() as conn:
+        ids = core_store.ops.insert_jobs(conn, rows)
+    assert ids[8] is None
+    new = [job_id for job_id in ids if job_id is not None]
+    assert held not in new and new == sorted(new) and len(set(new)) == 11  # in row order
+    with core_store.read() as conn:
+        stored = {row.id: row for row in conn.execute(sa.select(jobs))}
+    for job_id, row in zip(ids, rows, strict=True):
+        if job_id is None:
+            continue
+        found = stored[job_id]
+        assert (found.payload, found.priority, found.idempotency_key) == (
+            row["payload"],
+            row["priority"],
+            row["idempotency_key"],
+        )
+        assert found.run_at == row["run_at"]
+    assert stored[held].payload == ""

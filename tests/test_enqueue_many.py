@@ -215,3 +215,42 @@ def test_eager_mode_runs_every_job(make_app: Any) -> None:
         (JobStatus.COMPLETED, 3),
         (JobStatus.COMPLETED, 7),
     ]
+
+
+def test_a_large_batch_keeps_call_order_and_keys(
+    ctx: Flask, queue: SQLQueue, database_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keyed and unkeyed calls mixed, a held key, a key repeated in the batch: ids in call
+    order, one job per key. PostgreSQL writes each page of rows in one INSERT (pages of
+    100 here), whatever keys they hold."""
+    from flask_sqlqueue.core.dialects import postgresql
+
+    monkeypatch.setattr(postgresql, "ROWS_PER_INSERT", 100)
+    held = sample_app.add.using(idempotency_key="k-30").enqueue(0, 0)
+    calls = [
+        Call([n, n], idempotency_key=f"k-{n}" if n % 10 == 0 else None) for n in range(250)
+    ] + [Call([1, 1], idempotency_key="k-20")]
+    store = queue.state().store
+    inserts: list[str] = []
+
+    def executed(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT"):
+            inserts.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", executed)
+    try:
+        made = sample_app.add.enqueue_many(calls)
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", executed)
+    assert made[30].id == held.id and made[30].args == [0, 0]
+    assert made[250] is made[20]
+    new = [job for n, job in enumerate(made[:250]) if n != 30]
+    assert [job.args for job in new] == [[n, n] for n in range(250) if n != 30]
+    assert [job.id for job in new] == sorted(job.id for job in new)
+    rows = _rows(database_uri)
+    assert len(rows) == 250  # the held job and 249 new ones
+    assert {row["id"]: row["payload"] for row in rows} == {
+        job.id: f'{{"args":[{job.args[0]},{job.args[0]}],"kwargs":{{}}}}' for job in made
+    }
+    if store.engine.dialect.name == "postgresql":
+        assert len(inserts) == 3, inserts

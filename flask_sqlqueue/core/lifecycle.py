@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from ..config import default
 from ..exceptions import SQLQueueError
+from .dialects import DialectOps
 from .liveness import BootClock
 from .liveness import BootCutoff
 from .liveness import elsewhere
@@ -122,8 +123,8 @@ def _claimed(job_id: int, token: str) -> Any:
     return sa.and_(jobs.c.id == job_id, jobs.c.status == RUNNING, jobs.c.claim_token == token)
 
 
-# Bound per row: complete() and the executemany form for results that differ per job.
-# Every statement of the hot path is built once: building one cost more than running it.
+# complete(), bound per call. Every statement of the hot path is built once: building one
+# cost more than running it (the batch's are in the dialects: DialectOps.complete_claimed).
 _COMPLETE_EACH = (
     sa.update(jobs)
     .where(
@@ -139,23 +140,6 @@ _COMPLETE_EACH = (
         claim_token=None,
     )
 )
-_HELD = (
-    sa.select(jobs.c.id, jobs.c.claim_token)
-    .where(jobs.c.id.in_(sa.bindparam("b_ids", expanding=True)), jobs.c.status == RUNNING)
-    .order_by(jobs.c.id)
-    .with_for_update()
-)
-_COMPLETE_PLAIN = (
-    sa.update(jobs)
-    .where(jobs.c.id.in_(sa.bindparam("b_ids", expanding=True)), jobs.c.status == RUNNING)
-    .values(
-        status=COMPLETED,
-        result=None,
-        finished_at=sa.bindparam("b_now", type_=jobs.c.finished_at.type),
-        updated_at=sa.bindparam("b_now", type_=jobs.c.updated_at.type),
-        claim_token=None,
-    )
-)
 
 
 def complete(conn: Connection, job_id: int, token: str, result: str | None, now: datetime) -> bool:
@@ -165,33 +149,35 @@ def complete(conn: Connection, job_id: int, token: str, result: str | None, now:
 
 
 def complete_many(
-    conn: Connection, done: Sequence[tuple[int, str, str | None]], now: datetime
+    conn: Connection, ops: DialectOps, done: Sequence[tuple[int, str, str | None]], now: datetime
 ) -> set[int]:
     """Finish several running attempts successfully in one transaction (a group commit).
 
     ``done`` holds ``(job id, claim token, result)``; each job is fenced by its own claim
     exactly as :func:`complete` fences one. Returns the ids that were completed; any
     other lost its claim and nothing was written for it.
+
+    One statement for the batch, the best each database has (``ops.complete_claimed``),
+    with the jobs in id order, so that rows are locked in that order. A job listed twice
+    (a claim lost and the job claimed again) makes a second round: at most one of its
+    tokens can hold the claim.
     """
     if len(done) == 1:
         job_id, token, result = done[0]
         return {job_id} if complete(conn, job_id, token, result, now) else set()
-    # Lock the rows in id order (FOR UPDATE is a no-op on SQLite, whose write lock is
-    # already held), so nothing can take a claim between this check and the update.
-    ids = sorted(job_id for job_id, _, _ in done)
-    held = dict(conn.execute(_HELD, {"b_ids": ids}).all())
-    mine = [item for item in done if item[1] is not None and held.get(item[0]) == item[1]]
-    plain = [job_id for job_id, _, result in mine if result is None]
-    if plain:  # most tasks return nothing: one set-based statement for all of them
-        conn.execute(_COMPLETE_PLAIN, {"b_ids": plain, "b_now": now})
-    valued = [
-        {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
-        for job_id, token, result in mine
-        if result is not None
-    ]
-    if valued:
-        conn.execute(_COMPLETE_EACH, valued)
-    return {job_id for job_id, _, _ in mine}
+    completed: set[int] = set()
+    rounds: list[dict[int, tuple[int, str, str | None]]] = []
+    for item in sorted(done, key=lambda item: item[0]):
+        if item[1] is None:
+            continue  # no claim to present: nothing to complete
+        free = next((r for r in rounds if item[0] not in r), None)
+        if free is None:
+            free = {}
+            rounds.append(free)
+        free[item[0]] = item
+    for batch in rounds:
+        completed |= ops.complete_claimed(conn, list(batch.values()), now)
+    return completed
 
 
 def fail(

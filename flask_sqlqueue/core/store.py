@@ -73,6 +73,9 @@ _writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 # What a forked child inherited and must neither use nor close: held, never collected.
 _inherited: list[Any] = []
 
+#: Idempotency keys looked up per statement: far below any database's bound parameters.
+_KEYS_PER_READ = 1_000
+
 #: Seconds between two readings of a server's clock (see :meth:`Store.now`).
 CLOCK_SYNC_INTERVAL = 60.0
 #: The same, while no reading has succeeded yet.
@@ -306,39 +309,57 @@ class Store:
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
 
     def _insert_many(self, conn: Connection, rows: list[dict[str, Any]]) -> list[Job]:
+        """Insert one job per row, in as few statements as the database allows
+        (``DialectOps.insert_jobs``), ids in the order of ``rows``; a row whose key a job
+        holds already, or an earlier row of ``rows``, gives that job."""
         ops = self._ops_for(conn)
         made: list[Job | None] = [None] * len(rows)
         first: dict[str, int] = {}  # idempotency key -> index of its first call
         repeats: list[tuple[int, int]] = []  # (index, index of the first call with its key)
-        run: list[int] = []  # consecutive calls without a key, inserted together
-
-        def flush_run() -> None:
-            if run:
-                for index, job_id in zip(
-                    run, ops.insert_jobs(conn, [rows[i] for i in run]), strict=True
-                ):
-                    made[index] = self._new_job(job_id, rows[index])
-                run.clear()
-
-        # Calls keep their order in ids (which breaks ties in the claim order): runs of
-        # calls without a key go in multi-row INSERTs, each keyed call insert-once.
+        todo: list[int] = []  # every call without a key, and the first call of each key
         for index, row in enumerate(rows):
             key = row["idempotency_key"]
-            if key is None:
-                run.append(index)
-                continue
-            if key in first:
-                repeats.append((index, first[key]))
-                continue
-            first[key] = index
-            flush_run()
-            made[index] = self._insert(conn, row, notify=False)
-        flush_run()
+            if key is not None:
+                if key in first:
+                    repeats.append((index, first[key]))
+                    continue
+                first[key] = index
+            todo.append(index)
+        for _ in range(3):
+            held: list[int] = []  # calls whose key another job holds
+            ids = ops.insert_jobs(conn, [rows[i] for i in todo]) if todo else []
+            for index, job_id in zip(todo, ids, strict=True):
+                if job_id is None:
+                    held.append(index)
+                else:
+                    made[index] = self._new_job(job_id, rows[index])
+            holders = self._holders(conn, [rows[i]["idempotency_key"] for i in held])
+            todo = []
+            for index in held:
+                holder = holders.get(rows[index]["idempotency_key"])
+                if holder is None:  # deleted between our insert and our read: try again
+                    todo.append(index)
+                else:
+                    made[index] = Job.from_row(holder, self.get_job)
+            if not todo:
+                break
+        else:
+            keys = ", ".join(repr(rows[i]["idempotency_key"]) for i in todo)
+            raise RuntimeError(f"Could not insert or find the jobs with idempotency keys {keys}.")
         for index, original in repeats:
             made[index] = made[original]
         if rows:
             ops.notify(conn)
         return made  # type: ignore[return-value]
+
+    def _holders(self, conn: Connection, keys: list[str]) -> dict[str, Any]:
+        """The rows of the jobs holding ``keys``, by key (a page of keys per statement)."""
+        found: dict[str, Any] = {}
+        for start in range(0, len(keys), _KEYS_PER_READ):
+            page = keys[start : start + _KEYS_PER_READ]
+            rows = conn.execute(sa.select(jobs).where(jobs.c.idempotency_key.in_(page)))
+            found.update((row.idempotency_key, row) for row in rows)
+        return found
 
     def _new_job(self, job_id: int, values: dict[str, Any]) -> Job:
         """The Job for a row just inserted with ``values`` (saves reading it back)."""

@@ -38,6 +38,11 @@ from ..models import limits as limits_table
 
 PENDING = JobStatus.PENDING.value
 RUNNING = JobStatus.RUNNING.value
+COMPLETED = JobStatus.COMPLETED.value
+
+#: What a batch of successes gives :meth:`DialectOps.complete_claimed`: ``(job id, claim
+#: token, result)`` for each job, every id once.
+Done = tuple[int, str, "str | None"]
 
 #: The columns a worker needs to run a job it has just claimed.
 CLAIM_COLUMNS = (
@@ -85,6 +90,54 @@ def claim_update(chosen: sa.ColumnElement[bool]) -> sa.Update:
     return sa.update(jobs).where(chosen).values(values).returning(*CLAIM_COLUMNS)
 
 
+@functools.lru_cache(maxsize=256)
+def complete_listed(size: int, valued: bool) -> sa.Update:
+    """``UPDATE … SET <completed> WHERE id IN (:b_id0, …) AND status = 'running' AND
+    claim_token = CASE id WHEN :b_id0 THEN :b_token0 … END``: the completion of ``size``
+    jobs, each fenced by its own token, in one statement on any database, its result
+    bound per job with ``valued`` (else ``NULL`` for all). Built once per size: a batch
+    holds at most a worker's threads."""
+    ids = [sa.bindparam(f"b_id{n}", type_=jobs.c.id.type) for n in range(size)]
+
+    def per_job(name: str, column: sa.Column[Any]) -> sa.Case[Any]:
+        return sa.case(
+            *(
+                (jobs.c.id == ids[n], sa.bindparam(f"{name}{n}", type_=column.type))
+                for n in range(size)
+            )
+        )
+
+    now = sa.bindparam("b_now", type_=jobs.c.finished_at.type)
+    return (
+        sa.update(jobs)
+        .where(
+            jobs.c.id.in_(ids),
+            jobs.c.status == RUNNING,
+            jobs.c.claim_token == per_job("b_token", jobs.c.claim_token),
+        )
+        .values(
+            status=COMPLETED,
+            result=per_job("b_result", jobs.c.result) if valued else None,
+            finished_at=now,
+            updated_at=now,
+            claim_token=None,
+        )
+    )
+
+
+def listed_params(done: Sequence[Done], now: datetime) -> tuple[bool, dict[str, Any]]:
+    """Whether any job of ``done`` has a result, and the parameters of
+    :func:`complete_listed` for it."""
+    params: dict[str, Any] = {"b_now": now}
+    valued = False
+    for n, (job_id, token, result) in enumerate(done):
+        params[f"b_id{n}"] = job_id
+        params[f"b_token{n}"] = token
+        params[f"b_result{n}"] = result
+        valued = valued or result is not None
+    return valued, params
+
+
 @functools.cache
 def _insert_once_statement(insert: Callable[..., Any], unique: sa.Column[Any]) -> Any:
     # Built once: constructing the statement per call cost more than executing it.
@@ -93,6 +146,11 @@ def _insert_once_statement(insert: Callable[..., Any], unique: sa.Column[Any]) -
 
 
 _INSERT_JOB = sa.insert(jobs)
+
+
+@functools.lru_cache(maxsize=256)
+def _returning_id(stmt: sa.Update) -> sa.Update:
+    return stmt.returning(jobs.c.id)
 
 
 def insert_once(
@@ -304,7 +362,42 @@ class DialectOps:
         )
         return sorted(conn.execute(stmt).all(), key=claim_order)
 
-    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    def complete_claimed(self, conn: Connection, done: Sequence[Done], now: datetime) -> set[int]:
+        """Complete the running attempts of ``done``, each fenced by its own claim token
+        exactly as a single completion is, in one statement; return the ids completed.
+        A job whose claim was lost gets nothing written. Rows are locked in id order
+        (every id of ``done`` is distinct, and sorted by the caller).
+
+        Default: :func:`complete_listed` with ``RETURNING id`` (SQLite).
+        """
+        valued, params = listed_params(done, now)
+        stmt = _returning_id(complete_listed(len(done), valued))
+        return set(conn.execute(stmt, params).scalars())
+
+    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
+        """Insert jobs in one transaction, in the order of ``rows``; their ids in that
+        order, ``None`` for a row whose idempotency key another job holds already (the
+        keys of ``rows`` are distinct; a caller looks the holders up).
+
+        Default: each run of rows without a key in multi-row INSERTs
+        (:meth:`insert_plain`), each row with a key inserted once (:meth:`insert_job`),
+        so that ids keep the order of ``rows``.
+        """
+        ids: list[int | None] = []
+        run: list[dict[str, Any]] = []
+        for row in rows:
+            if row.get("idempotency_key") is None:
+                run.append(row)
+                continue
+            if run:
+                ids += self.insert_plain(conn, run)
+                run = []
+            ids.append(self.insert_job(conn, row))
+        if run:
+            ids += self.insert_plain(conn, run)
+        return ids
+
+    def insert_plain(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
         """Insert jobs without idempotency keys, in one transaction; their ids, in the
         order of ``rows``."""
         if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
@@ -314,7 +407,8 @@ class DialectOps:
                 sa.insert(jobs).returning(jobs.c.id, sort_by_parameter_order=True), rows
             )
             return [int(job_id) for job_id in result.scalars()]
-        # No RETURNING for many rows (MySQL): still one transaction, a row at a time.
+        # No RETURNING for many rows (MySQL; MariaDB has it from 10.5): still one
+        # transaction, a row at a time.
         return [
             int(conn.execute(sa.insert(jobs), row).inserted_primary_key[0])  # type: ignore[index]
             for row in rows

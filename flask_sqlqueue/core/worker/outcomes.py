@@ -270,7 +270,7 @@ class Outcomes:
         if not batch:
             return set()
         items = [(s.attempt.job.id, s.attempt.token, s.result) for s in batch]
-        return lifecycle.complete_many(conn, items, now)
+        return lifecycle.complete_many(conn, self._store.ops, items, now)
 
     def report(self, batch: list[Success], done: set[int]) -> None:
         """Log and signal the successes of ``batch`` recorded completed (ids in ``done``)."""
@@ -309,7 +309,7 @@ class Outcomes:
         items = [(s.attempt.job.id, s.attempt.token, s.result) for s in batch]
         try:
             done = self._store.run_write(
-                lambda conn: lifecycle.complete_many(conn, items, now),
+                lambda conn: lifecycle.complete_many(conn, self._store.ops, items, now),
                 within=self._options.stale_after,
             )
         except sa.exc.SQLAlchemyError as exc:
