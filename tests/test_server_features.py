@@ -8,8 +8,10 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import WorkerOptions
@@ -117,3 +119,33 @@ def test_a_server_without_skip_locked_is_refused(server_uri: str) -> None:
             store.check_server()
     finally:
         store.engine.dispose()
+
+
+def test_a_postgresql_enqueue_notifies_in_its_insert() -> None:
+    """One statement per enqueue: the NOTIFY rides on the INSERT (a round trip less),
+    and an enqueue whose key is held notifies no one."""
+    with fresh_database("postgresql") as uri:
+        app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri})
+        sample_app.queue.upgrade_database(app=app)
+        engine = sample_app.queue.state(app).store.engine
+        statements: list[str] = []
+
+        def executed(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            statements.append(statement)
+
+        try:
+            with app.app_context():
+                sample_app.add.enqueue(1, 2)  # the schema check, outside the count
+                sa.event.listen(engine, "before_cursor_execute", executed)
+                sample_app.add.enqueue(1, 2)
+                sample_app.add.using(idempotency_key="k").enqueue(1, 2)
+                assert len(statements) == 2, statements
+                assert all("pg_notify" in s for s in statements), statements
+                assert not any(s.lstrip().upper().startswith("NOTIFY") for s in statements)
+                statements.clear()
+                sample_app.add.using(idempotency_key="k").enqueue(1, 2)  # held: no insert
+                assert not any(s.lstrip().upper().startswith("NOTIFY") for s in statements)
+        finally:
+            if sa.event.contains(engine, "before_cursor_execute", executed):
+                sa.event.remove(engine, "before_cursor_execute", executed)
+            engine.dispose()

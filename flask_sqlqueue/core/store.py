@@ -297,10 +297,8 @@ class Store:
         ops = self._ops_for(conn)
         key = values["idempotency_key"]
         for _ in range(3):
-            job_id = ops.insert_job(conn, values)
+            job_id = ops.enqueue_job(conn, values) if notify else ops.insert_job(conn, values)
             if job_id is not None:
-                if notify:
-                    ops.notify(conn)
                 return self._new_job(job_id, values)
             existing = conn.execute(sa.select(jobs).where(jobs.c.idempotency_key == key)).first()
             if existing is not None:

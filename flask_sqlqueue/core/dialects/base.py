@@ -422,6 +422,14 @@ class DialectOps:
             return int(conn.execute(_INSERT_JOB, values).inserted_primary_key[0])  # type: ignore[index]
         return insert_once(type(self).insert, conn, jobs.c.idempotency_key, values)
 
+    def enqueue_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
+        """:meth:`insert_job`, and tell listening workers on commit if it inserted.
+        Default: the insert, then :meth:`notify`."""
+        job_id = self.insert_job(conn, values)
+        if job_id is not None:
+            self.notify(conn)
+        return job_id
+
     def insert_effect(self, conn: Connection, key: str, job_id: int, now: datetime) -> bool:
         """Insert an effect key; ``False`` if it was reserved before."""
         values = {"key": key, "job_id": job_id, "created_at": now}

@@ -5,8 +5,9 @@ locked, so concurrent claimers take disjoint sets without waiting; a row changed
 the snapshot and the lock is re-checked against the WHERE on its newest version (READ
 COMMITTED's rule for locking reads), so only rows still pending are taken.
 
-Every enqueue sends ``NOTIFY sqlqueue_jobs`` in its own transaction, so it is delivered
-only if the job commits. Workers LISTEN for it as a hint to claim at once; polling stays
+Every enqueue notifies ``sqlqueue_jobs`` in its own transaction (``pg_notify`` in the
+INSERT's RETURNING, no round trip of its own), so it is delivered only if the job
+commits. Workers LISTEN for it as a hint to claim at once; polling stays
 the truth, so a notification lost while reconnecting costs at most one poll interval.
 """
 
@@ -48,6 +49,15 @@ _CLAIM_PLANNER = (
     "set_config('enable_sort', 'off', {local}), set_config('jit', 'off', {local})"
 )
 _PLANNED = "sqlqueue_claim_planner"  # in Connection.info: set for the whole session
+# An enqueue's NOTIFY rides on its INSERT: RETURNING evaluates it once per row inserted,
+# so a key already held notifies no one, and the enqueue costs no extra round trip.
+_NOTIFYING = sa.func.pg_notify(CHANNEL, "")
+_ENQUEUE = pg_insert(jobs).returning(jobs.c.id, _NOTIFYING)
+_ENQUEUE_ONCE = (
+    pg_insert(jobs)
+    .on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
+    .returning(jobs.c.id, _NOTIFYING)
+)
 
 
 class PostgresOps(ServerOps):
@@ -152,6 +162,11 @@ class PostgresOps(ServerOps):
         self, start: sa.ColumnElement[datetime], end: sa.ColumnElement[datetime]
     ) -> sa.ColumnElement[float]:
         return sa.cast(sa.extract("epoch", end - start), sa.Float)
+
+    def enqueue_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
+        stmt = _ENQUEUE if values["idempotency_key"] is None else _ENQUEUE_ONCE
+        row = conn.execute(stmt, values).first()
+        return None if row is None else int(row[0])
 
     def notify(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
