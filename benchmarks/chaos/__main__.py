@@ -74,6 +74,7 @@ def run(name: str, args: argparse.Namespace, workdir: Path) -> ScenarioResult:
             threads=args.threads,
             kill_every=args.kill_every,
             target=args.kill_target,
+            job_ms=args.job_ms,
             stale_after=args.stale_after,
             seed=args.seed,
         )
@@ -111,6 +112,16 @@ def run(name: str, args: argparse.Namespace, workdir: Path) -> ScenarioResult:
     raise ValueError(name)
 
 
+def _millis(text: str) -> tuple[float, float]:
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"LOW,HIGH milliseconds, not {text!r}") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"0 <= LOW <= HIGH, not {text!r}")
+    return (low, high)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.chaos",
@@ -124,6 +135,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kill-every", type=float, default=0.5, help="kill-storm period (s)")
+    parser.add_argument(
+        "--job-ms",
+        type=_millis,
+        default=(20.0, 200.0),
+        help="kill-storm job length, LOW,HIGH milliseconds (20,200); a few ms each makes "
+        "the workers claim ahead",
+    )
     parser.add_argument(
         "--kill-target",
         choices=["any", "ready"],
