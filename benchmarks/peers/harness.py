@@ -405,8 +405,9 @@ class _Report:
         )
         med = self.med
         polls = (
-            " On MariaDB an idle flask_sqlqueue worker is not woken by the commit: it polls, "
-            "every `--poll-interval` (1 s by default)."
+            " On MariaDB an idle flask_sqlqueue worker on the producer's host is woken by a "
+            "same-host socket (MariaDB has no NOTIFY); one on another host would poll, every "
+            "`--poll-interval` (1 s by default)."
             if any(s.kind == "sqlqueue" and s.store == "MariaDB" for s in self.systems)
             else ""
         )
