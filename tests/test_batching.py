@@ -17,6 +17,9 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim
+from flask_sqlqueue.core.dialects.base import LISTED_MOST
+from flask_sqlqueue.core.dialects.base import complete_listed
+from flask_sqlqueue.core.dialects.base import listed
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.store import Store
@@ -168,6 +171,47 @@ def test_complete_many_is_fenced_by_each_claim(ctx: Flask) -> None:
     assert store.run_write(
         lambda c: lifecycle.complete_many(c, store.ops, [(stolen, "tok-b", None)], now)
     ) == {stolen}
+
+
+def test_a_batch_larger_than_one_statement_is_fenced_job_by_job(ctx: Flask) -> None:
+    """A worker that claims ahead records hundreds of successes at once: they go in
+    statements of at most LISTED_MOST jobs, each padded to a power of two, and every job
+    is still fenced by its own claim, whichever statement carries it."""
+    size = LISTED_MOST + 75
+    made = sample_app.add.enqueue_many([([i, 1], {}) for i in range(size)])
+    claimed = _claim(ctx, "tok-a", size)
+    assert len(claimed) == size
+    ids = [job.id for job in made]
+    stolen = set(ids[::7])  # in both statements, and the padded one
+    store = store_of(ctx)
+    with store.write() as conn:
+        conn.execute(sa.update(jobs).where(jobs.c.id.in_(stolen)).values(claim_token="tok-b"))
+    batch = [(i, "tok-a", None if i % 2 else f'{{"n":{i}}}') for i in ids]
+    done = store.run_write(lambda conn: lifecycle.complete_many(conn, store.ops, batch, utcnow()))
+    assert done == set(ids) - stolen
+    with store.read() as conn:
+        rows = {r.id: r for r in conn.execute(sa.select(jobs))}
+    for i in stolen:
+        assert (rows[i].status, rows[i].claim_token, rows[i].result) == ("running", "tok-b", None)
+    for i, _, result in batch:
+        if i not in stolen:
+            assert (rows[i].status, rows[i].claim_token, rows[i].result) == (
+                "completed",
+                None,
+                result,
+            )
+
+
+def test_listed_completions_compile_a_few_statements_whatever_the_batch_sizes() -> None:
+    """One statement per batch size held about 12 MiB of compiled SQL in a worker that
+    claims ahead (its batches take every size up to a hundred and more)."""
+    complete_listed.cache_clear()
+    now = utcnow()
+    for n in range(1, 3 * LISTED_MOST):
+        for stmt, params in listed([(i, "t", None if i % 3 else "1") for i in range(n)], now):
+            assert len(params) <= 3 * LISTED_MOST + 1
+            assert stmt is not None
+    assert complete_listed.cache_info().currsize <= 2 * (LISTED_MOST.bit_length() + 1)
 
 
 def _statements(store: Store, fn: Any) -> tuple[Any, list[str]]:

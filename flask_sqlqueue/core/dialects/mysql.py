@@ -31,8 +31,7 @@ from .base import Done
 from .base import ServerOps
 from .base import claim_order
 from .base import claim_values
-from .base import complete_listed
-from .base import listed_params
+from .base import listed
 
 _STATEMENT_ROOM = 64 * 1024
 _ESCAPED = ("\\", "'", '"', "\0", "\n", "\r", "\x1a")
@@ -130,8 +129,7 @@ class MySQLOps(ServerOps):
         attempt completed at the same microsecond would be counted too; either way
         nothing is written that should not be.) The ``id IN`` range walks the primary
         key upwards, which locks the rows in id order."""
-        valued, params = listed_params(done, now)
-        matched = conn.execute(complete_listed(len(done), valued), params).rowcount
+        matched = sum(conn.execute(stmt, params).rowcount for stmt, params in listed(done, now))
         ids = [job_id for job_id, _, _ in done]
         if matched == len(done):
             return set(ids)
