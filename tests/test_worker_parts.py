@@ -96,7 +96,8 @@ def test_a_slot_is_filled_from_the_claim_until_the_attempt_is_over() -> None:
     slots.claimed("a", [1, 2])
     assert slots.count() == 2 and slots.unfinished() == {1: "a", 2: "a"}
     assert not slots.over([1, 2])
-    slots.finished(1)
+    assert slots.start(1, "a")
+    slots.finished(1, "a")
     assert slots.count() == 1 and slots.ids() == [2]
     assert slots.over([1]) and not slots.over([1, 2])
 
@@ -104,14 +105,15 @@ def test_a_slot_is_filled_from_the_claim_until_the_attempt_is_over() -> None:
 def test_a_held_success_keeps_its_slot_until_recorded_but_is_over() -> None:
     slots = Slots()
     slots.claimed("a", [1, 2])
-    slots.hold(1)
-    slots.finished(1)  # the job thread is done; the success waits for the next claim
+    assert slots.start(1, "a") and slots.start(2, "a")
+    slots.hold(1, "a")
+    slots.finished(1, "a")  # the job thread is done; the success waits for the next claim
     assert slots.count() == 2, "a held success still fills its slot"
     assert slots.over([1]), "a claim's linger does not wait for a held success"
     assert slots.unfinished() == {2: "a"}, "the shutdown does not hand a held job back"
     slots.release([1])
     assert slots.ids() == [2]
-    slots.hold(2)
+    slots.hold(2, "a")
     slots.claimed("b", [3], recorded=[2])  # the claim's transaction recorded job 2
     assert slots.unfinished() == {3: "b"} and slots.count() == 1
 
@@ -119,12 +121,40 @@ def test_a_held_success_keeps_its_slot_until_recorded_but_is_over() -> None:
 def test_a_success_recorded_before_its_thread_is_done_frees_its_slot_once() -> None:
     slots = Slots()
     slots.claimed("a", [1])
-    slots.hold(1)
+    assert slots.start(1, "a")
+    slots.hold(1, "a")
     slots.release([1])  # the dispatcher recorded it first
-    slots.finished(1)
+    slots.finished(1, "a")
     slots.claimed("b", [1])  # the same job claimed again, after a retry
-    slots.finished(1)
+    assert slots.start(1, "b")
+    slots.finished(1, "b")
     assert slots.count() == 0 and slots.over([1])
+
+
+def test_a_job_claimed_again_before_its_last_thread_is_done_still_runs() -> None:
+    """A failure makes the job pending before its thread is done with it; the next
+    claim may take it at once. The old attempt's end must not forget the new claim,
+    or the new attempt would never start, its job left running."""
+    slots = Slots()
+    slots.claimed("a", [3])
+    assert slots.start(3, "a")
+    slots.claimed("b", [3])  # the failure is written; the job is claimed again
+    slots.finished(3, "a")  # then the old attempt's thread is done
+    assert slots.unfinished() == {3: "b"}
+    assert slots.start(3, "b"), "the new attempt must run"
+    assert slots.longest() >= 0 and slots.count() == 1
+    slots.finished(3, "b")
+    assert slots.count() == 0 and slots.take_back() == {}
+
+
+def test_taking_back_the_waiting_jobs_stops_them_from_starting() -> None:
+    slots = Slots()
+    slots.claimed("a", [1, 2, 3])
+    assert slots.start(1, "a")
+    assert slots.take_back() == {2: "a", 3: "a"}
+    assert not slots.start(2, "a") and slots.waiting() == 0 and slots.count() == 1
+    slots.restore({2: "a"})  # the hand-back failed: it is this worker's again
+    assert slots.start(2, "a")
 
 
 # -- running an attempt ------------------------------------------------------------------------
@@ -227,8 +257,9 @@ def test_successes_recorded_without_a_claim_free_their_slots_and_wake_the_dispat
     slots.claimed("t0k", [7, 8])
     caplog.set_level(logging.INFO, logger="flask_sqlqueue.worker")
     for job_id in (7, 8):
+        assert slots.start(job_id, "t0k")
         outcomes.record(Attempt(claimed(id=job_id)), Returned(None, 0.25))
-        slots.finished(job_id)
+        slots.finished(job_id, "t0k")
     assert slots.count() == 2 and slots.unfinished() == {}, "held for the next claim"
     assert not wake.is_set() and "completed" not in caplog.text
     outcomes.flush()

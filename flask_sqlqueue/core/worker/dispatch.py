@@ -354,7 +354,7 @@ class Dispatcher:
         try:
             self._outcomes.record(attempt, self._runner.run(attempt))
         finally:
-            self._slots.finished(attempt.job.id)
+            self._slots.finished(attempt.job.id, attempt.token)
 
     def _finish_running(self) -> None:
         """Hand back the jobs not started; wait up to the grace period for the running

@@ -243,7 +243,7 @@ class Outcomes:
                 # Recorded with the next claim, together with the others that finish
                 # meanwhile; until then the job stays running in the database (a crash
                 # re-runs it: at least once).
-                self._slots.hold(attempt.job.id)
+                self._slots.hold(attempt.job.id, attempt.token)
                 self._done.append(success)
                 return
         self._finish(self._success_write(success))

@@ -30,13 +30,19 @@ class Slots:
         self._lock = threading.Lock()
         self._claimed: dict[int, str] = {}  # job id -> claim token
         self._waiting: set[int] = set()  # claimed, not started
-        self._started: dict[int, float] = {}  # running: job id -> time.monotonic() at start
+        # Running: job id -> (claim token, time.monotonic() at its start).
+        self._started: dict[int, tuple[str, float]] = {}
         self._held: set[int] = set()
         self._typical: float | None = None
 
     def claimed(self, token: str, ids: Iterable[int], *, recorded: Iterable[int] = ()) -> None:
         """Count the jobs claimed with ``token`` as waiting, and free the held jobs in
-        ``recorded``, whose successes the claim's transaction recorded."""
+        ``recorded``, whose successes the claim's transaction recorded.
+
+        A job may be claimed again while the thread of its last attempt is still
+        finishing (a failure makes it pending before the thread is done): every call
+        about an attempt names its token, so the old attempt's end leaves the new one be.
+        """
         with self._lock:
             self._free(recorded)
             for job_id in ids:
@@ -52,26 +58,30 @@ class Slots:
             if job_id not in self._waiting or self._claimed.get(job_id) != token:
                 return False
             self._waiting.discard(job_id)
-            self._started[job_id] = time.monotonic()
+            self._started[job_id] = (token, time.monotonic())
             return True
 
-    def hold(self, job_id: int) -> None:
-        """Keep ``job_id``, whose task returned, counted until :meth:`release`."""
+    def hold(self, job_id: int, token: str) -> None:
+        """Keep the attempt of ``job_id`` claimed with ``token``, whose task returned,
+        counted until :meth:`release`."""
         with self._lock:
-            self._held.add(job_id)
-            self._ended(job_id)
+            if self._claimed.get(job_id) == token:
+                self._held.add(job_id)
+            self._ended(job_id, token)
 
-    def finished(self, job_id: int) -> None:
-        """The attempt of ``job_id`` is over: forget it, unless it is held."""
+    def finished(self, job_id: int, token: str) -> None:
+        """The attempt of ``job_id`` claimed with ``token`` is over: forget it, unless
+        it is held (or the job was claimed again since)."""
         with self._lock:
-            self._ended(job_id)
-            if job_id not in self._held:
-                self._claimed.pop(job_id, None)
+            self._ended(job_id, token)
+            if job_id not in self._held and self._claimed.get(job_id) == token:
+                del self._claimed[job_id]
 
-    def _ended(self, job_id: int) -> None:
-        began = self._started.pop(job_id, None)
-        if began is not None:
-            took = time.monotonic() - began
+    def _ended(self, job_id: int, token: str) -> None:
+        began = self._started.get(job_id)
+        if began is not None and began[0] == token:
+            del self._started[job_id]
+            took = time.monotonic() - began[1]
             old = self._typical
             self._typical = took if old is None else old + _SMOOTHING * (took - old)
 
@@ -89,7 +99,7 @@ class Slots:
         """Forget the jobs still waiting and return them with their claim tokens, for
         the caller to hand back; none of them starts after this."""
         with self._lock:
-            back = {i: self._claimed.pop(i) for i in sorted(self._waiting)}
+            back = {i: self._claimed.pop(i) for i in sorted(self._waiting) if i in self._claimed}
             self._waiting.clear()
             return back
 
@@ -126,14 +136,14 @@ class Slots:
             if not self._waiting or len(self._started) < threads:
                 return False
             oldest_allowed = time.monotonic() - after
-            return all(began < oldest_allowed for began in self._started.values())
+            return all(began < oldest_allowed for _, began in self._started.values())
 
     def longest(self) -> float:
         """Seconds the longest-running job has run (0 when none runs)."""
         with self._lock:
             if not self._started:
                 return 0.0
-            return time.monotonic() - min(self._started.values())
+            return time.monotonic() - min(began for _, began in self._started.values())
 
     def typical(self) -> float | None:
         """A smoothed duration of the recent attempts, from a thread's start to the
