@@ -414,6 +414,11 @@ class Harness:
         if proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.popen.send_signal(sig)
+        if sig == signal.SIGKILL:
+            # Taken once the signal is sent: a harness thread held up between reading the
+            # clock and sending (a loaded machine) would otherwise date the kill before
+            # jobs the worker started in the meantime, leaving their re-runs unexplained.
+            proc.killed_at = time.time()
         return at
 
     def kill(self, proc: Proc) -> float:
