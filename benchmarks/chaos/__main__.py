@@ -49,7 +49,7 @@ def header(argv: Sequence[str], url: str) -> str:
         [
             "# flask_sqlqueue chaos figures",
             "",
-            f"- command: `{shlex.join(['python', 'benchmarks/chaos.py', *argv])}`",
+            f"- command: `{shlex.join(['python', '-m', 'benchmarks.chaos', *argv])}`",
             f"- database: `{shown}",
             f"- machine: {cores or os.cpu_count()} cores (`nproc`), {platform.machine()}, "
             f"{platform.system()} {platform.release()}",
