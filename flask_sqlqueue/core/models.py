@@ -182,19 +182,17 @@ jobs = sa.Table(
     _column("progress_message", LongText(), null=True),
     # The value a task's ``concurrency_key`` derived from the arguments, for limits.
     _column("concurrency_key", ExactString(255), null=True),
-    # The claim index (pending jobs by priority DESC, run_at, id) is declared below.
-    # The stale scan (running jobs by worker) and per-queue counts.
-    sa.Index("ix_sqlqueue_jobs_status_worker", "status", "worker_id"),
+    # The claim index and the partial ones are declared below.
+    # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
     # Per-task counts and filters; finished_at lets the admin's per-task metrics read
     # a task's latest finished jobs straight from the index.
     sa.Index("ix_sqlqueue_jobs_task_status_finished_at", "task", "status", "finished_at"),
-    # The admin's charts count finished jobs, new jobs and started jobs per minute.
+    # The admin's charts count finished jobs per minute and retention prunes them by
+    # age; counts and lists by status read it too, so it keeps every row.
     sa.Index("ix_sqlqueue_jobs_status_finished_at", "status", "finished_at"),
+    # The admin's charts count new jobs per minute.
     sa.Index("ix_sqlqueue_jobs_created_at", "created_at"),
-    sa.Index("ix_sqlqueue_jobs_started_at", "started_at"),
-    # Running jobs per limited task and key, counted inside the claim.
-    sa.Index("ix_sqlqueue_jobs_task_concurrency_key_status", "task", "concurrency_key", "status"),
 )
 
 #: A side effect reserved by a job: the key exists at most once, ever. No foreign key to
@@ -290,6 +288,29 @@ claim_index = sa.Index(
 )
 _pending = jobs.c.status == JobStatus.PENDING.value
 
+# Indexes that every query using them narrows to a subset of the rows: running jobs, or
+# jobs that started. Partial where the database has partial indexes (DIALECT_OPTIONS),
+# so a write leaves them alone unless its row is in that subset: an enqueue writes none
+# of them, and an update on PostgreSQL adds no entry to them unless its row is in.
+#: The stale scan and the admin's running jobs: running jobs by worker.
+running_index = sa.Index("ix_sqlqueue_jobs_status_worker", jobs.c.status, jobs.c.worker_id)
+#: Running jobs per limited task and key, counted inside the claim.
+limits_index = sa.Index(
+    "ix_sqlqueue_jobs_task_concurrency_key_status",
+    jobs.c.task,
+    jobs.c.concurrency_key,
+    jobs.c.status,
+)
+#: The admin's charts count started jobs per minute.
+started_index = sa.Index("ix_sqlqueue_jobs_started_at", jobs.c.started_at)
+_running = jobs.c.status == JobStatus.RUNNING.value
+_partial: list[tuple[sa.Index, Any]] = [
+    (claim_index, _pending),
+    (running_index, _running),
+    (limits_index, _running),
+    (started_index, jobs.c.started_at.is_not(None)),
+]
+
 #: Options a table or index has on one database only, by dialect name. Given at
 #: construction (``postgresql_where=...``) they would load that database's SQLAlchemy
 #: dialect to check them, on every database: :func:`use_dialect` gives them when the
@@ -301,9 +322,9 @@ DIALECT_OPTIONS: dict[str, Callable[[], list[tuple[sa.Table | sa.Index, dict[str
         # again; AUTOINCREMENT never does. PostgreSQL's sequence and InnoDB's counter
         # (kept across restarts by every server version the queue accepts) never go back.
         (jobs, {"autoincrement": True}),
-        (claim_index, {"where": _pending}),
+        *((index, {"where": where}) for index, where in _partial),
     ],
-    "postgresql": lambda: [(claim_index, {"where": _pending})],
+    "postgresql": lambda: [(index, {"where": where}) for index, where in _partial],
     # UTF-8 whatever the server's default (upstream MariaDB's is latin1, which refuses
     # most of the world's text). MariaDB's dialect reads the mysql options.
     "mysql": lambda: [(table, {"charset": "utf8mb4"}) for table in metadata.tables.values()],
