@@ -707,6 +707,7 @@ def big_jobs(admin: Admin, n: int = 3, size: int = 3 * MIB) -> list[int]:
     return ids
 
 
+@pytest.mark.slow
 def test_list_pages_read_no_payload_result_or_history(admin: Admin) -> None:
     import tracemalloc
 

@@ -50,6 +50,7 @@ def app(make_app: Callable[..., Flask]) -> Flask:
     return app
 
 
+@pytest.mark.slow
 def test_dashboard_filter_open_and_retry_a_dead_job(
     app: Flask, live_server: Any, database_uri: str
 ) -> None:

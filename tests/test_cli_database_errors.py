@@ -74,11 +74,15 @@ def test_a_file_that_is_not_a_database_is_one_error_line(
 def test_a_real_process_prints_one_line_and_exits_1(tmp_path: Path) -> None:
     path = tmp_path / "notes.db"
     path.write_bytes(NOT_A_DATABASE)
-    for uri, reason in [(f"sqlite:///{path}", "file is not a database"), *UNREACHABLE.values()]:
-        for command in (["db", "current"], ["status"]):
-            done = run_flask(uri, "queue", *command)
-            assert done.returncode == 1, (uri, command, done.stderr)
-            assert done.stdout == ""
-            lines = done.stderr.splitlines()
-            assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
-            assert reason in lines[0]
+    # A process per database, the two kinds of command in turn (the in-process tests
+    # above run every command on every database).
+    cases = [(f"sqlite:///{path}", "file is not a database"), *UNREACHABLE.values()]
+    commands = [["db", "current"], ["status"]]
+    for index, (uri, reason) in enumerate(cases):
+        command = commands[index % 2]
+        done = run_flask(uri, "queue", *command)
+        assert done.returncode == 1, (uri, command, done.stderr)
+        assert done.stdout == ""
+        lines = done.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("Error: "), done.stderr
+        assert reason in lines[0]

@@ -351,6 +351,7 @@ def refuse_large_values(app: Flask, database_uri: str, backend: str, column: str
     store.value_limit = 2**31  # the queue's check lets everything through
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["result", "error"])
 def test_an_outcome_the_database_refuses_still_ends_the_job(
     oapp: Flask,
