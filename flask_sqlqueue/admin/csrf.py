@@ -1,10 +1,15 @@
-"""CSRF protection for the admin's forms, without Flask-WTF.
+"""CSRF protection for the admin's forms, with or without Flask-WTF.
 
 Each browser session gets a random secret in ``flask.session`` (a cookie signed with the
 app's ``secret_key``, which another site can neither read nor forge). Every form carries
 a token derived from it, and a POST whose token does not match is refused with 400
 before anything is read or written. Without ``app.secret_key`` there is no session to
 bind a token to: pages still render, and every POST is refused with a 500 naming the fix.
+
+An app that protects every POST with Flask-WTF's ``CSRFProtect`` checks the admin's
+forms before the admin sees them, with its own tokens: the forms then carry Flask-WTF's
+token, in the field its ``WTF_CSRF_FIELD_NAME`` names, and the admin checks that token
+with Flask-WTF too (so the check holds also where the app exempts the admin's blueprint).
 """
 
 from __future__ import annotations
@@ -37,10 +42,26 @@ def can_protect() -> bool:
     return bool(current_app.secret_key)
 
 
+def _flask_wtf() -> bool:
+    """Whether the app protects its POSTs with Flask-WTF's ``CSRFProtect``."""
+    return "csrf" in current_app.extensions
+
+
+def field() -> str:
+    """The name of the forms' token field."""
+    if _flask_wtf():
+        return str(current_app.config.get("WTF_CSRF_FIELD_NAME", FIELD))
+    return FIELD
+
+
 def token() -> str:
     """The token for this session's forms (creates the session's secret on first use)."""
     if not can_protect():
         return ""
+    if _flask_wtf():
+        from flask_wtf.csrf import generate_csrf
+
+        return str(generate_csrf())
     secret = session.get(SESSION_KEY)
     if not isinstance(secret, str) or len(secret) < 32:
         secret = secrets.token_hex(32)
@@ -61,6 +82,9 @@ def check() -> None:
     """
     if not can_protect():
         raise CSRFError(NO_SECRET_KEY, status=500)
+    if _flask_wtf():
+        _check_with_flask_wtf()
+        return
     secret = session.get(SESSION_KEY)
     sent = request.form.get(FIELD, "")
     if not isinstance(secret, str) or not secret:
@@ -70,3 +94,13 @@ def check() -> None:
         )
     if not sent or not hmac.compare_digest(sent.encode(), _derive(secret).encode()):
         raise CSRFError("The form's security token is missing or wrong; reload the page.")
+
+
+def _check_with_flask_wtf() -> None:
+    from flask_wtf.csrf import validate_csrf
+    from wtforms import ValidationError
+
+    try:
+        validate_csrf(request.form.get(field(), ""))
+    except ValidationError as exc:
+        raise CSRFError(f"{exc} Reload the page and try again.") from exc

@@ -202,7 +202,7 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
     def _helpers() -> dict[str, Any]:
         return {
             "csrf_token": csrf.token,
-            "csrf_field": csrf.FIELD,
+            "csrf_field": csrf.field(),
             "can_post": csrf.can_protect(),
             "statuses": STATUSES,
             "absolute": absolute,
