@@ -240,3 +240,20 @@ def test_synchronous_reads_any_case_and_refuses_the_rest(tmp_path: Path) -> None
 
 def test_defaults_are_unchanged() -> None:
     assert _settings() == Settings(database_uri="sqlite:////tmp/sqlqueue.db")
+
+
+@pytest.mark.parametrize(
+    ("uri", "fix"),
+    [
+        ("postgres://user@db.example/app", "write postgresql+psycopg://"),
+        ("mysql://root@db.example/app", "write mysql+pymysql://"),
+        ("mariadb://root@db.example/app", "write mariadb+pymysql://"),
+        ("postgresql+pg8000://user:secret@db.example/app", "write postgresql+psycopg://"),
+    ],
+)
+def test_a_url_without_a_known_scheme_or_installed_driver_names_the_fix(uri: str, fix: str) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri})
+    message = str(refused.value)
+    assert fix in message
+    assert "secret" not in message  # a password is never repeated
