@@ -35,6 +35,7 @@ from ..core import queries
 from ..core import queues
 from ..core import retention
 from ..core.models import JobStatus
+from ..core.retries import retry_plan
 from ..core.tasks import task_timeouts
 from ..exceptions import SQLQueueError
 from . import csrf
@@ -207,6 +208,7 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
             "statuses": STATUSES,
             "absolute": absolute,
             "relative": relative,
+            "seconds": duration,
             "pretty": pretty,
         }
 
@@ -404,10 +406,13 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
         with reading(st) as conn:
             effects = queries.job_effects(conn, job_id)
         errors = found.errors if isinstance(found.errors, list) else []
+        registered = st.registry.get(found.task)
+        own = registered.backoff if registered is not None else None
         return render_template(
             "sqlqueue/job.html",
             now=st.store.now(),
             job=found,
+            planned=retry_plan(found, st.store.backoff, own),
             effects=effects,
             errors=[e for e in errors if isinstance(e, dict)],
             raw_errors=None if isinstance(found.errors, list) else found.errors,

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Collection
 from datetime import datetime
+from datetime import timedelta
 
 import click
 
@@ -13,7 +14,11 @@ from ..core import limits
 from ..core import periodic
 from ..core import queries
 from ..core import retention
+from ..core.jobs import Job
+from ..core.models import JobStatus
 from ..core.queues import paused_queues
+from ..core.retries import PlannedAttempt
+from ..core.retries import retry_plan
 from ..core.tasks import task_timeouts
 from ..extension import QueueState
 from .base import JOB_ID
@@ -218,6 +223,9 @@ def show_command(job_id: int) -> None:
     click.echo(f"effects reserved: {len(effects)}")
     for key, at in effects:
         click.echo(f"  {key}  ({format_time(at)})")
+    own = registered.backoff if registered is not None else None
+    for line in _retry_lines(job, retry_plan(job, state.store.backoff, own), state.store.now()):
+        click.echo(line)
     click.echo(f"errors: {len(job.errors)}")
     for record in job.errors:
         if not isinstance(record, dict):
@@ -229,6 +237,33 @@ def show_command(job_id: int) -> None:
         )
         if record.get("traceback"):
             click.echo(indent(str(record["traceback"]).rstrip(), 4))
+
+
+def _retry_lines(job: Job, planned: list[PlannedAttempt], now: datetime) -> list[str]:
+    """The retry preview: each attempt still to come, then what a last failure does."""
+    if job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+        return []
+    lines = ["next attempts (each if the one before fails; a task's Retry(delay) differs):"]
+    for step in planned:
+        name = f"attempt {step.number} of {job.max_attempts}"
+        if step.due is not None:
+            lines.append(f"  {name}  due {format_time(step.due)} ({_from_now(step.due, now)})")
+        elif step.wait is not None:
+            least, most = (_seconds(seconds) for seconds in step.wait)
+            spread = least if most == least else f"{least}-{most}"
+            lines.append(f"  {name}  {spread} after attempt {step.number - 1} fails")
+    last = planned[-1].number if planned else job.attempts
+    lines.append(f"  after attempt {last} fails: dead (replay with `flask queue retry {job.id}`)")
+    return lines
+
+
+def _seconds(seconds: float) -> str:
+    return format_age(timedelta(seconds=seconds)) if seconds >= 1 else f"{seconds:.2g}s"
+
+
+def _from_now(moment: datetime, now: datetime) -> str:
+    ahead = moment - now
+    return f"in {format_age(ahead)}" if ahead.total_seconds() > 0 else "now"
 
 
 def _timeout_text(timeout: float | None, isolate: bool) -> str:

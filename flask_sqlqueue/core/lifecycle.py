@@ -9,6 +9,7 @@ All functions take a connection inside a write transaction the caller owns.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -55,8 +56,26 @@ class Backoff:
     jitter: float = default("SQLQUEUE_BACKOFF_JITTER")
 
     def delay(self, attempt: int, rng: random.Random) -> float:
-        exponential = self.base * 2.0 ** min(attempt, 64)
-        return min(self.cap, exponential) + (rng.uniform(0, self.jitter) if self.jitter else 0.0)
+        least, most = self.bounds(attempt)
+        return least + (rng.uniform(0, most - least) if most > least else 0.0)
+
+    def bounds(self, attempt: int) -> tuple[float, float]:
+        """The least and the most :meth:`delay` gives after attempt ``attempt`` failed."""
+        least = min(self.cap, self.base * 2.0 ** min(attempt, 64))
+        return least, least + self.jitter
+
+
+def own_delay(backoff: BackoffFunc, attempt: int) -> float:
+    """A task's own ``backoff`` after attempt ``attempt`` failed, in seconds.
+
+    :raises ValueError: it gave a delay that is not a finite number of seconds, 0 or more
+        (and whatever ``backoff`` itself raises).
+    """
+    delay = backoff(attempt)
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    if math.isfinite(seconds) and seconds >= 0:
+        return seconds
+    raise ValueError(f"backoff returned {delay!r}")
 
 
 #: Characters of an error's type kept in its record.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import random
 import sys
 import threading
@@ -22,7 +21,6 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from dataclasses import replace
 from datetime import datetime
-from datetime import timedelta
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -353,11 +351,7 @@ class Outcomes:
         job = attempt.job
         if task.backoff is not None:
             try:
-                delay = task.backoff(job.attempts)
-                seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-                if math.isfinite(seconds) and seconds >= 0:
-                    return seconds
-                raise ValueError(f"backoff returned {delay!r}")
+                return lifecycle.own_delay(task.backoff, job.attempts)
             except Exception as exc:
                 log.error("task %s: backoff failed (%r); using the default", job.task, exc)
         return self._store.backoff.delay(job.attempts, self._rng)
