@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
@@ -51,6 +52,32 @@ class Job:
     #: Why ``args``/``kwargs`` are empty, when the stored payload could not be decoded.
     payload_error: str | None = None
     _loader: Callable[[int], Job | None] | None = field(default=None, repr=False)
+
+    @classmethod
+    def inserted(
+        cls, job_id: int, values: Mapping[str, Any], loader: Callable[[int], Job | None]
+    ) -> Job:
+        """The job just inserted with ``values`` (its columns), without reading it back.
+        Its payload was encoded from checked JSON: it decodes."""
+        args, kwargs = decode_payload(values["payload"])
+        return cls(
+            id=job_id,
+            queue=values["queue"],
+            task=values["task"],
+            args=args,
+            kwargs=kwargs,
+            status=JobStatus(values["status"]),
+            attempts=values["attempts"],
+            max_attempts=values["max_attempts"],
+            priority=values["priority"],
+            run_at=values["run_at"],
+            created_at=values["created_at"],
+            updated_at=values["updated_at"],
+            idempotency_key=values["idempotency_key"],
+            rescues=values["rescues"],
+            releases=values["releases"],
+            _loader=loader,
+        )
 
     @classmethod
     def from_row(cls, row: Any, loader: Callable[[int], Job | None] | None = None) -> Job:

@@ -387,19 +387,7 @@ class Store:
 
     def _new_job(self, job_id: int, values: dict[str, Any]) -> Job:
         """The Job for a row just inserted with ``values`` (saves reading it back)."""
-        return Job.from_row(
-            _Values(
-                id=job_id,
-                **values,
-                started_at=None,
-                finished_at=None,
-                worker_id=None,
-                last_error=None,
-                result=None,
-                errors=None,
-            ),
-            self.get_job,
-        )
+        return Job.inserted(job_id, values, self.get_job)
 
     def _caller_connection(self, target: Session | Connection) -> Connection:
         conn = target if isinstance(target, Connection) else target.connection()
@@ -694,10 +682,3 @@ def error_reason(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
     lines = str(exc if orig is None else orig).strip().splitlines()
     return cut_text(lines[0] if lines else type(exc).__name__, 300)
-
-
-class _Values:
-    """Row-like access to the values of a just-inserted job (saves reading it back)."""
-
-    def __init__(self, **values: Any) -> None:
-        self.__dict__.update(values)
