@@ -11,6 +11,7 @@ import click
 from click.core import ParameterSource
 from flask.cli import ScriptInfo
 
+from ..core import logcontext
 from ..core.enqueue import check_options
 from ..core.worker import WorkerOptions
 from ..extension import resolve_app
@@ -18,6 +19,7 @@ from .base import app_state
 from .base import clean_errors
 from .base import queue_cli
 
+log = logging.getLogger("flask_sqlqueue.worker")
 #: The flags' defaults are the worker's own: written once, in ``WorkerOptions``.
 WORKER_DEFAULTS = WorkerOptions()
 
@@ -64,6 +66,22 @@ WORKER_DEFAULTS = WorkerOptions()
     help="While jobs are short, claim up to this many beyond the free threads, so one "
     "commit serves many jobs; 0 claims only for free threads.",
 )
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="info",
+    show_default=True,
+    help="The worker's log lines from this level up (and the app's, unless it configures "
+    "logging itself).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line, with the job's fields (job_id, task, attempt, "
+    "queue, outcome, duration). Applies where the app has not configured logging.",
+)
 @clean_errors
 def work_command(
     queues: tuple[str, ...],
@@ -73,6 +91,8 @@ def work_command(
     grace: float,
     processes: int | None,
     claim_ahead: int,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run jobs until stopped.
 
@@ -94,11 +114,9 @@ def work_command(
     if processes and ctx.get_parameter_source("concurrency") is not ParameterSource.DEFAULT:
         raise click.UsageError("Give --processes or --concurrency, not both.")
     state = app_state()
-    if not logging.getLogger().handlers:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
-    logging.getLogger("flask_sqlqueue").setLevel(logging.INFO)
+    logcontext.configure(
+        logging.getLevelNamesMapping()[log_level.upper()], json_lines=log_format == "json"
+    )
     options = state.worker_options(
         queues=tuple(dict.fromkeys(queues)),
         concurrency=concurrency,
@@ -115,12 +133,12 @@ def work_command(
     worker = state.queue.worker(options, resolve_app(), loader=loader)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
+        # Log records, not bare lines: with --log-format json every line parses.
         if worker.stopping:
-            click.echo("second signal: exiting now", err=True)
+            log.warning("second signal: exiting now")
+            logging.shutdown()
             os._exit(1)
-        click.echo(
-            f"{signal.Signals(signum).name}: finishing running jobs (up to {grace:g}s)", err=True
-        )
+        log.info("%s: finishing running jobs (up to %gs)", signal.Signals(signum).name, grace)
         worker.stop()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -421,14 +421,16 @@ def _last(text: str) -> str:
     return lines[-1].strip() if lines else "unknown error"
 
 
-def _log_levels() -> tuple[int, int]:
-    return logging.getLogger().level, logging.getLogger("flask_sqlqueue").level
+def _log_levels() -> tuple[int, int, bool]:
+    """How the children log: the root's and the queue's levels, and JSON lines or not."""
+    levels = logging.getLogger().level, logging.getLogger("flask_sqlqueue").level
+    return (*levels, logcontext.writes_json())
 
 
 # -- the child side ----------------------------------------------------------------------
 
 
-def child_main(conn: Connection, loader: RuntimeLoader, levels: tuple[int, int]) -> None:
+def child_main(conn: Connection, loader: RuntimeLoader, levels: tuple[int, int, bool]) -> None:
     """A child's whole life: load the app, then run attempts until told to stop."""
     # Ctrl-C and a service manager's SIGTERM reach the whole process group: the worker
     # decides what happens to running attempts (its grace period), not the children.
@@ -472,12 +474,10 @@ def _watch_parent() -> None:
         os._exit(1)
 
 
-def _configure_logging(levels: tuple[int, int]) -> None:
-    root_level, queue_level = levels
-    if not logging.getLogger().handlers:
-        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _configure_logging(levels: tuple[int, int, bool]) -> None:
+    root_level, queue_level, json_lines = levels
+    logcontext.configure(queue_level, json_lines=json_lines)
     logging.getLogger().setLevel(root_level)
-    logging.getLogger("flask_sqlqueue").setLevel(queue_level)
 
 
 def _run(runtime: ChildRuntime, message: tuple[Any, ...]) -> tuple[Any, ...]:

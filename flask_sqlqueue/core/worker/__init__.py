@@ -99,6 +99,7 @@ class Worker:
         self._task_names = tuple(sorted(registry))
         # The two events every part shares: claim nothing more, and look for jobs now.
         self._stopping = threading.Event()
+        self._asked_to_stop = False  # by stop(), rather than a --burst run's end
         self._wake = threading.Event()
         self._slots = Slots()
         self._outcomes = Outcomes(
@@ -190,6 +191,16 @@ class Worker:
             # Returns once every running job is recorded or handed back.
             self._dispatcher.run(burst)
         finally:
+            if self._upkeep.fatal is not None:
+                why = f"the database failed ({self._upkeep.fatal})"
+            else:
+                why = "asked to stop" if self._asked_to_stop else "no job is eligible (--burst)"
+            log.info(
+                "worker %s stopped: %s; %d job(s) handed back to pending",
+                self.id,
+                why,
+                self._dispatcher.handed_back,
+            )
             self._runner.close()  # after the hand-back: their jobs are released
             self._upkeep.stop()
             self._dispatcher.join()
@@ -203,6 +214,7 @@ class Worker:
 
     def stop(self) -> None:
         """Claim nothing more; :meth:`run` returns once running jobs finish or the grace ends."""
+        self._asked_to_stop = True
         self._stopping.set()
         self._wake.set()
 

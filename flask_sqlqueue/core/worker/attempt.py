@@ -68,6 +68,7 @@ class Attempt:
             "sqlqueue_task": job.task,
             "sqlqueue_attempt": job.attempts,
             "sqlqueue_idempotency_key": job.idempotency_key,
+            "sqlqueue_queue": job.queue,
         }
         object.__setattr__(self, "extra", extra)
 

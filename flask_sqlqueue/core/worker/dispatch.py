@@ -125,6 +125,9 @@ class Dispatcher:
         self._writer = store.writer()  # the claims' own connection
         self._last_claim: tuple[float, list[int]] = (0.0, [])  # (time.monotonic(), its ids)
         self._listener: threading.Thread | None = None
+        #: Jobs the last :meth:`run` handed back to pending as it stopped (not started,
+        #: or unfinished when the grace period ended).
+        self.handed_back = 0
         #: Set while the loop waits for a wake-up or its next poll after a claim that
         #: found nothing, with no job running: a job enqueued now runs only if the
         #: enqueue wakes it (or at the next poll). For tests of the wake-ups.
@@ -133,6 +136,7 @@ class Dispatcher:
     def run(self, burst: bool) -> None:
         """Claim and hand out jobs until stopped (with ``burst``, until none is eligible),
         then let the running ones finish within the grace period and hand back the rest."""
+        self.handed_back = 0
         inbox: queue_module.SimpleQueue[Attempt | _Recorded | None] = queue_module.SimpleQueue()
         threads = [
             threading.Thread(
@@ -246,20 +250,21 @@ class Dispatcher:
         per_thread = AHEAD_WINDOW / max(typical, 1e-6)
         return min(most, int(self._options.concurrency * per_thread))
 
-    def _hand_back_waiting(self) -> None:
+    def _hand_back_waiting(self) -> int:
         """Hand the jobs waiting in this worker's buffer back to pending, without
-        counting an attempt, for any worker to take."""
+        counting an attempt, for any worker to take; returns how many went back."""
         back = self._slots.take_back()
         if not back:
-            return
+            return 0
         try:
             released = self._release(back)
         except sa.exc.SQLAlchemyError as exc:
             # Still claimed by this live worker: keep them, or no one would run them.
             self._slots.restore(back)
             self._upkeep.log_db_error("hand back", exc)
-            return
+            return 0
         log.info("handed back %d job(s) claimed ahead and not started", len(released))
+        return len(released)
 
     def _release(self, claims: Mapping[int, str]) -> list[int]:
         """Hand the jobs of ``claims`` (id: claim token) back to pending without counting
@@ -358,8 +363,8 @@ class Dispatcher:
 
     def _finish_running(self) -> None:
         """Hand back the jobs not started; wait up to the grace period for the running
-        ones, then hand back the rest."""
-        self._hand_back_waiting()
+        ones, then hand back the rest. :attr:`handed_back` counts both."""
+        self.handed_back = self._hand_back_waiting()
         deadline = time.monotonic() + self._options.grace
         while time.monotonic() < deadline:
             self._outcomes.flush()
@@ -376,6 +381,7 @@ class Dispatcher:
                 "jobs %s could not be released (%s); they will be rescued", sorted(unfinished), exc
             )
             return
+        self.handed_back += len(released)
         for job_id in released:
             log.warning("job=%s released unfinished at shutdown; it will run again", job_id)
 

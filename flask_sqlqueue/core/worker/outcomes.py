@@ -342,7 +342,13 @@ class Outcomes:
 
     def _succeeded(self, success: Success) -> None:
         attempt = success.attempt
-        log.info("%s: completed in %.3fs", attempt.label, success.elapsed, extra=attempt.extra)
+        extra = {**attempt.extra, "sqlqueue_outcome": "completed"}
+        log.info(
+            "%s: completed in %.3fs",
+            attempt.label,
+            success.elapsed,
+            extra={**extra, "sqlqueue_duration": round(success.elapsed, 6)},
+        )
         self._emit(signals.job_succeeded, attempt, result=success.value, duration=success.elapsed)
 
     # -- failures and cancellations ------------------------------------------------------------
@@ -369,7 +375,7 @@ class Outcomes:
     ) -> _Write:
         """The write of a failed attempt: the job goes back to pending after ``delay``
         (dead once its attempts are spent, or with ``dead``)."""
-        job, label, extra = attempt.job, attempt.label, attempt.extra
+        job, label = attempt.job, attempt.label
         now = self._clock()
         record = lifecycle.error_record(job.attempts, kind, message, text, self._worker_id(), now)
         spent = job.attempts >= job.max_attempts
@@ -385,6 +391,8 @@ class Outcomes:
         def recorded(status: str) -> None:
             # The stored, escaped message: a lone surrogate would break UTF-8 log handlers.
             shown = record["message"]
+            ended = "retry" if status == JobStatus.PENDING.value else status
+            extra = {**attempt.extra, "sqlqueue_outcome": ended}
             if status == JobStatus.CANCELLED.value:
                 log.info(
                     "%s: failed after its cancellation was asked for; job is cancelled: %s: %s",
@@ -434,7 +442,7 @@ class Outcomes:
             log.info(
                 "%s: stopped for a cancellation; job is cancelled",
                 attempt.label,
-                extra=attempt.extra,
+                extra={**attempt.extra, "sqlqueue_outcome": "cancelled"},
             )
             self._emit(signals.job_cancelled, attempt)
 
