@@ -497,6 +497,7 @@ def test_dashboard_shows_counts_queues_workers_and_throughput(admin: Admin) -> N
     assert response.status_code == 200
     counts = dict(re.findall(r'data-status="(\w+)">(\d+)<', body))
     assert counts == {
+        "waiting": "0",
         "pending": "3",
         "running": "1",
         "completed": "3",

@@ -338,7 +338,7 @@ class Edges:
     dependents: list[tuple[int, str]]
 
 
-def edges(conn: Connection, job_id: int) -> Edges:
+def job_edges(conn: Connection, job_id: int) -> Edges:
     """The dependencies and dependents of ``job_id``, each with its status."""
     before = conn.execute(
         sa.select(dependencies.c.depends_on_id, jobs.c.status)
