@@ -570,6 +570,8 @@ def test_waiting_jobs_are_filtered_counted_and_cancelled(admin: Admin) -> None:
     assert listed(admin.get("/jobs?status=waiting")) == [last, then]
     counts = dict(re.findall(r'data-status="(\w+)">(\d+)<', admin.get("/").get_data(as_text=True)))
     assert (counts["waiting"], counts["pending"]) == ("2", "1")
+    page = admin.get(f"/jobs/{then}").get_data(as_text=True)
+    assert f'action="/queue/jobs/{then}/cancel"' in page
     assert admin.post(f"/jobs/{then}/cancel").status_code == 303
     assert [admin.status(then), admin.status(last), admin.status(first)] == [
         "cancelled",
