@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -64,10 +66,11 @@ def assert_order(app: Flask, graph: dict[int, list[int]]) -> None:
     """Every job of ``graph`` started after each of its dependencies had ended (or, for
     a task that logs no end, had started for the last time)."""
     lines = w.ran(app)
-    first_start = {}
+    first_start: dict[int, int] = {}
     last_line: dict[int, int] = {}
-    for index, (_kind, job) in enumerate(lines):
-        first_start.setdefault(job, index) if _kind == "start" else None
+    for index, (kind, job) in enumerate(lines):
+        if kind == "start":
+            first_start.setdefault(job, index)
         last_line[job] = index
     for job, depends_on in graph.items():
         for dependency in depends_on:
@@ -621,6 +624,23 @@ def test_a_fan_out_larger_than_a_statement_is_released_and_cancelled(
     assert w.row(app, tail.id).last_error == (
         f"DependencyFailed: dependency {cancelled[-1].id} was cancelled (job {b.id} is dead)"
     )
+
+
+def test_the_example_of_the_workflows_page_runs_as_it_says(tmp_path: Path) -> None:
+    page = (Path(__file__).parent.parent / "docs" / "workflows.md").read_text()
+    found = re.search(r"```python\n(# workflow_demo\.py.*?)```", page, re.DOTALL)
+    assert found, "docs/workflows.md has lost its example"
+    (tmp_path / "workflow_demo.py").write_text(found.group(1))
+    done = subprocess.run(
+        [sys.executable, "workflow_demo.py"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["waiting", "completed 5"]
 
 
 # -- a kill storm over a graph ---------------------------------------------------------------
