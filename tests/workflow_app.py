@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from flask import Flask
 from flask import current_app
 
@@ -23,9 +22,9 @@ from flask_sqlqueue import PermanentFailure
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
-from flask_sqlqueue.core.models import jobs
-from flask_sqlqueue.core.store import Store
 from tests.conftest import install_schema
+from tests.control_app import row as row
+from tests.control_app import store_of as store_of
 from tests.sample_app import queue_app
 from tests.waiting import WAIT
 from tests.workers import run_burst
@@ -127,15 +126,6 @@ def workflow_app(database_uri: str, tmp_path: Path) -> Iterator[Flask]:
     yield app
     go.set()  # never leave a task waiting
     store_of(app).engine.dispose()
-
-
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
-def row(app: Flask, job_id: int) -> Any:
-    with store_of(app).read() as conn:
-        return conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one()
 
 
 def status(app: Flask, job_id: int) -> str:
