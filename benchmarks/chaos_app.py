@@ -139,7 +139,12 @@ def _install_broken(mode: str) -> None:
     if mode == "unfenced":
 
         def unfenced_complete(
-            conn: Connection, job_id: int, token: str, result: str | None, now: datetime
+            conn: Connection,
+            job_id: int,
+            token: str,
+            result: str | None,
+            now: datetime,
+            **_: Any,
         ) -> bool:
             del token  # the bug: the claim token is not checked
             done = conn.execute(

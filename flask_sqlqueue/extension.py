@@ -348,6 +348,7 @@ class QueueExtension:
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
+        depends_on: Sequence[Job | int] | None = None,
         unregistered: bool = False,
     ) -> Job:
         """Enqueue a task by name, for code that does not import it.
@@ -373,6 +374,7 @@ class QueueExtension:
             max_attempts=max_attempts,
             idempotency_key=idempotency_key,
             session=session,
+            depends_on=depends_on,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,
@@ -391,6 +393,7 @@ class QueueExtension:
         run_at: datetime | None = None,
         max_attempts: int | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
+        depends_on: Sequence[Job | int] | None = None,
         unregistered: bool = False,
     ) -> list[Job]:
         """Enqueue many jobs of a task by name in one transaction: what
@@ -398,6 +401,7 @@ class QueueExtension:
 
         :param calls: each a :class:`~flask_sqlqueue.core.enqueue.Call` or an
             ``(args, kwargs)`` tuple; idempotency keys go on each ``Call``.
+        :param depends_on: as for :meth:`enqueue`, for every job of the batch.
         :param unregistered: as for :meth:`enqueue`.
         :raises UnknownTask: as :meth:`enqueue`; nothing is written.
         """
@@ -408,6 +412,7 @@ class QueueExtension:
             run_at=run_at,
             max_attempts=max_attempts,
             session=session,
+            depends_on=depends_on,
         )
         return self._produce(task, calls, options, many=True, unregistered=unregistered)
 

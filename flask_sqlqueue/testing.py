@@ -268,16 +268,20 @@ def _task_name(task: Task[Any, Any] | str) -> str:
     raise TypeError(f"task must be a task or a task name, got {task!r}.")
 
 
+#: What "enqueued" means here: a job yet to run, due or not, or waiting for dependencies.
+_ENQUEUED = jobs.c.status.in_((JobStatus.WAITING.value, JobStatus.PENDING.value))
+
+
 def enqueued(
     task: Task[Any, Any] | str | None = None,
     *,
     queue: str | None = None,
     app: Flask | None = None,
 ) -> list[Job]:
-    """The pending jobs (due now or later), oldest first; only ``task``'s or ``queue``'s
-    if given."""
+    """The pending jobs (due now or later) and those waiting for their dependencies,
+    oldest first; only ``task``'s or ``queue``'s if given."""
     state = _state(app)
-    condition = jobs.c.status == JobStatus.PENDING.value
+    condition: sa.ColumnElement[bool] = _ENQUEUED
     if task is not None:
         condition = sa.and_(condition, jobs.c.task == _task_name(task))
     if queue is not None:
@@ -293,12 +297,13 @@ def _matches(job: Job, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | N
 
 
 def _describe(state: QueueState) -> str:
-    pending = _jobs(state, jobs.c.status == JobStatus.PENDING.value, limit=51)
+    pending = _jobs(state, _ENQUEUED, limit=51)
     if not pending:
         return "No job is enqueued."
     lines = [
         f"  job {job.id}: {job.task}(args={job.args!r}, kwargs={job.kwargs!r}) "
         f"queue={job.queue!r} run_at={job.run_at.isoformat()}"
+        + (" (waiting for its dependencies)" if job.status == JobStatus.WAITING else "")
         for job in pending[:50]
     ]
     more = "\n  ..." if len(pending) > 50 else ""
@@ -322,8 +327,9 @@ def assert_enqueued(
     queue: str | None = None,
     app: Flask | None = None,
 ) -> Job:
-    """Fail unless a pending job of ``task`` exists with these ``args``, ``kwargs`` and
-    ``queue`` (each left out matches anything). Returns the oldest such job.
+    """Fail unless an enqueued job of ``task`` (pending, or waiting for its dependencies)
+    exists with these ``args``, ``kwargs`` and ``queue`` (each left out matches anything).
+    Returns the oldest such job.
 
     :raises AssertionError: listing every job that is enqueued.
     """
@@ -346,8 +352,8 @@ def assert_not_enqueued(
     queue: str | None = None,
     app: Flask | None = None,
 ) -> None:
-    """Fail if a pending job of ``task`` exists with these ``args``, ``kwargs`` and
-    ``queue`` (each left out matches anything).
+    """Fail if an enqueued job of ``task`` (pending, or waiting for its dependencies)
+    exists with these ``args``, ``kwargs`` and ``queue`` (each left out matches anything).
 
     :raises AssertionError: naming the jobs that match.
     """

@@ -497,6 +497,7 @@ def test_dashboard_shows_counts_queues_workers_and_throughput(admin: Admin) -> N
     assert response.status_code == 200
     counts = dict(re.findall(r'data-status="(\w+)">(\d+)<', body))
     assert counts == {
+        "waiting": "0",
         "pending": "3",
         "running": "1",
         "completed": "3",
@@ -559,6 +560,24 @@ def test_the_job_list_filters(admin: Admin) -> None:
     assert listed(admin.get("/jobs?queue=nope")) == []
     assert "idempotency key or its beginning" in admin.get("/jobs").get_data(as_text=True)
     assert admin.get("/jobs?status=sleeping").status_code == 400
+
+
+def test_waiting_jobs_are_filtered_counted_and_cancelled(admin: Admin) -> None:
+    with admin.ctx():
+        first = sample_app.add.using(delay=3600).enqueue(1, 1).id
+        then = sample_app.add.using(depends_on=[first]).enqueue(2, 2).id
+        last = sample_app.add.using(depends_on=[then]).enqueue(3, 3).id
+    assert listed(admin.get("/jobs?status=waiting")) == [last, then]
+    counts = dict(re.findall(r'data-status="(\w+)">(\d+)<', admin.get("/").get_data(as_text=True)))
+    assert (counts["waiting"], counts["pending"]) == ("2", "1")
+    page = admin.get(f"/jobs/{then}").get_data(as_text=True)
+    assert f'action="/queue/jobs/{then}/cancel"' in page
+    assert admin.post(f"/jobs/{then}/cancel").status_code == 303
+    assert [admin.status(then), admin.status(last), admin.status(first)] == [
+        "cancelled",
+        "cancelled",
+        "pending",
+    ]
 
 
 def test_a_filtered_list_past_the_newest_jobs_reads_the_same(admin: Admin) -> None:

@@ -281,13 +281,14 @@ def test_status_table_counts_totals_and_oldest_age(flask_app: Flask) -> None:
     # The table ends with its total; lines about periodic tasks, limits, retention follow.
     lines = lines[: next(i for i, line in enumerate(lines) if line.startswith("total")) + 1]
     header = lines[0]
-    columns = ["queue", "pending", "running", "completed", "dead", "cancelled", "oldest eligible"]
+    columns = ["queue", "waiting", "pending", "running", "completed", "dead", "cancelled"]
+    columns.append("oldest eligible")
     assert re.split(r"\s{2,}", header.strip()) == columns
     table = {line.split()[0]: line for line in lines[1:]}
     assert set(table) == {"default", "reports", "total"}
-    assert table["default"].split() == ["default", "2", "0", "0", "0", "1", "2h00m"]
-    assert table["reports"].split() == ["reports", "1", "0", "0", "1", "0", "-"]
-    assert table["total"].split() == ["total", "3", "0", "0", "1", "1"]
+    assert table["default"].split() == ["default", "0", "2", "0", "0", "0", "1", "2h00m"]
+    assert table["reports"].split() == ["reports", "0", "1", "0", "0", "1", "0", "-"]
+    assert table["total"].split() == ["total", "0", "3", "0", "0", "1", "1"]
     # Aligned: every cell starts under its column's header.
     starts = [header.index(c) for c in columns]
     for line in lines[1:]:
@@ -366,7 +367,7 @@ def test_list_pages_with_before(flask_app: Flask) -> None:
 @pytest.mark.parametrize(
     "args",
     [
-        ["--status", "waiting"],
+        ["--status", "sleeping"],
         ["--status", "PENDING!"],
         ["--limit", "0"],
         ["--before", "0"],

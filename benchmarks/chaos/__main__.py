@@ -77,6 +77,7 @@ def run(name: str, args: argparse.Namespace, workdir: Path) -> ScenarioResult:
             job_ms=args.job_ms,
             stale_after=args.stale_after,
             seed=args.seed,
+            graph=args.graph,
         )
     if name == "paused":
         return paused_worker(url, workdir, stale_after=args.stale_after)
@@ -147,6 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=["any", "ready"],
         default="any",
         help="kill-storm victims: any worker process, or only workers that have started",
+    )
+    parser.add_argument(
+        "--graph",
+        type=int,
+        default=0,
+        metavar="N",
+        help="kill-storm over a graph: each job depends on 0-N of the 50 jobs before it "
+        "(0: independent jobs)",
     )
     parser.add_argument("--stale-after", type=float, default=2.0, help="SQLQUEUE_STALE_AFTER")
     parser.add_argument("--healthy", type=int, default=200, help="poison: healthy jobs")

@@ -466,10 +466,20 @@ class Harness:
 
     # -- the database -------------------------------------------------------------------------
 
-    def enqueue(self, items: Sequence[tuple[Any, tuple[Any, ...]]]) -> list[int]:
-        """Enqueue ``(task, args)`` pairs in one transaction; their ids in order."""
+    def enqueue(
+        self,
+        items: Sequence[tuple[Any, tuple[Any, ...]]],
+        depends_on: Sequence[Sequence[int]] | None = None,
+    ) -> list[int]:
+        """Enqueue ``(task, args)`` pairs in one transaction; their ids in order. With
+        ``depends_on``, item ``i`` depends on the items whose indexes ``depends_on[i]``
+        lists (each earlier than ``i``)."""
+        ids: list[int] = []
         with self.app.app_context(), self.store.write() as conn:
-            return [task.using(session=conn).enqueue(*args).id for task, args in items]
+            for index, (task, args) in enumerate(items):
+                before = [ids[i] for i in depends_on[index]] if depends_on else None
+                ids.append(task.using(session=conn, depends_on=before).enqueue(*args).id)
+        return ids
 
     def rows(self) -> list[Any]:
         with self.store.read() as conn:

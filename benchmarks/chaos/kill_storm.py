@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 from benchmarks import chaos_app
 from benchmarks.chaos.analysis import analyze_runs
@@ -14,6 +15,7 @@ from benchmarks.chaos.analysis import explain_figures
 from benchmarks.chaos.analysis import rescue_delays
 from benchmarks.chaos.harness import ChaosError
 from benchmarks.chaos.harness import Harness
+from benchmarks.chaos.harness import Mark
 from benchmarks.chaos.harness import Proc
 from benchmarks.chaos.harness import ScenarioResult
 from benchmarks.chaos.harness import backend_of
@@ -36,6 +38,7 @@ def kill_storm(
     max_attempts: int = 20,
     seed: int = 1,
     settle_timeout: float | None = None,
+    graph: int = 0,
 ) -> ScenarioResult:
     """SIGKILL a random worker every ``kill_every`` s (and restart it) during ``duration``
     seconds or until every job is done; then let the queue finish without kills.
@@ -43,6 +46,11 @@ def kill_storm(
     ``target="any"`` picks among all worker processes, including ones still starting up;
     ``"ready"`` only among those that have logged that they started (a tick with none
     ready is skipped), so that every kill lands on a worker that may be running jobs.
+
+    ``graph=N``: the jobs are a graph, each depending on 0 to ``N`` (at random) of the
+    :data:`GRAPH_WINDOW` jobs enqueued just before it; besides the usual checks, none
+    may be left waiting, and every run of a job must start after each of its
+    dependencies' last run ended (the run that completed it).
     """
     if target not in ("any", "ready"):
         raise ValueError(f"target must be 'any' or 'ready', not {target!r}")
@@ -53,12 +61,21 @@ def kill_storm(
     ) as h:
         result.workdir = h.dir
         durations = [rng.uniform(*job_ms) for _ in range(jobs)]
-        ids = h.enqueue([(chaos_app.work, (round(ms, 1),)) for ms in durations])
+        # A random of its own: the kills of a seed are the same with a graph or without.
+        edges = random_graph(jobs, graph, random.Random(seed)) if graph else None
+        ids = h.enqueue([(chaos_app.work, (round(ms, 1),)) for ms in durations], edges)
         result.add(
             "jobs",
             f"{jobs} x {job_ms[0]:g}-{job_ms[1]:g} ms "
             f"(mean {sum(durations) / max(jobs, 1):.0f} ms)",
         )
+        if edges is not None:
+            result.add("jobs with dependencies", sum(1 for e in edges if e))
+            result.add(
+                "dependencies (edges)",
+                f"{sum(map(len, edges))} (each job on 0-{graph} of the "
+                f"{GRAPH_WINDOW} jobs before it; longest chain {_longest_chain(edges)})",
+            )
         result.add("workers", f"{workers} x {threads} threads, STALE_AFTER={stale_after:g} s")
         if settle_timeout is None:
             work_s = sum(durations) / 1000 / (workers * threads)
@@ -91,7 +108,8 @@ def kill_storm(
             if now >= next_count:
                 counts = h.counts()
                 next_count = now + 0.25
-                if counts.get("completed", 0) + counts.get("dead", 0) >= jobs:
+                ended = ("completed", "dead", "cancelled")
+                if sum(counts.get(status, 0) for status in ended) >= jobs:
                     finished_at = time.time()
                     break
             if now >= kill_end and kill_window_end is None:
@@ -137,6 +155,8 @@ def kill_storm(
         )
         result.add("runs interrupted by a kill", runs.interrupted)
         check_completed(result, rows, marks, ids)
+        if edges is not None:
+            check_graph(result, rows, marks, ids, edges)
         explain_figures(result, runs)
         result.add("rescues recorded (sum of rescues)", sum(r.rescues for r in rows))
         result.add(
@@ -167,6 +187,12 @@ def kill_storm(
             "finished; it adds the wait for a free thread (a rescued job keeps its run_at, "
             "so it goes ahead of jobs that became due later)."
         )
+        if edges is not None:
+            result.notes.append(
+                "A graph: a dependent is released in the transaction that completes its "
+                "last dependency, so a run starting before that is a violation; a release "
+                "made twice would show as a run no kill explains (an unexplained duplicate)."
+            )
         result.notes.append(
             (
                 f"Kills pick any of the {workers} worker processes at random, including ones "
@@ -178,3 +204,58 @@ def kill_storm(
             "is not sent dead."
         )
     return result
+
+
+#: A job of a graph depends on jobs among this many enqueued just before it.
+GRAPH_WINDOW = 50
+
+
+def random_graph(jobs: int, most: int, rng: random.Random) -> list[list[int]]:
+    """For each of ``jobs`` jobs, the indexes of 0 to ``most`` earlier jobs it depends on,
+    among the :data:`GRAPH_WINDOW` before it."""
+    edges: list[list[int]] = []
+    for index in range(jobs):
+        window = range(max(0, index - GRAPH_WINDOW), index)
+        edges.append(sorted(rng.sample(window, min(len(window), rng.randint(0, most)))))
+    return edges
+
+
+def _longest_chain(edges: list[list[int]]) -> int:
+    depth: list[int] = []
+    for before in edges:
+        depth.append(1 + max((depth[i] for i in before), default=0))
+    return max(depth, default=0)
+
+
+def check_graph(
+    result: ScenarioResult,
+    rows: list[Any],
+    marks: list[Mark],
+    ids: list[int],
+    edges: list[list[int]],
+) -> None:
+    """No job left waiting, and every run of a dependent started after each of its
+    dependencies' last run ended."""
+    waiting = sorted(row.id for row in rows if row.status == "waiting")
+    result.add("jobs left waiting", len(waiting))
+    result.check(not waiting, f"{len(waiting)} job(s) left waiting: {waiting[:10]}")
+    last_done: dict[int, float] = {}
+    starts: dict[int, list[float]] = {}
+    for mark in marks:
+        if mark.kind == "done":
+            last_done[mark.job] = max(mark.at, last_done.get(mark.job, mark.at))
+        elif mark.kind == "start":
+            starts.setdefault(mark.job, []).append(mark.at)
+    early = []
+    for index, before in enumerate(edges):
+        job = ids[index]
+        for dependency in (ids[i] for i in before):
+            ended = last_done.get(dependency)
+            for at in starts.get(job, []):
+                if ended is None or at < ended:
+                    early.append(
+                        f"job {job} started at {at:.3f}, its dependency {dependency} "
+                        + ("never ended" if ended is None else f"ended at {ended:.3f}")
+                    )
+    result.add("dependents started before a dependency completed", len(early))
+    result.check(not early, f"{len(early)} run(s) started before a dependency: {early[:5]}")

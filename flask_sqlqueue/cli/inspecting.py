@@ -174,7 +174,8 @@ def list_command(
 @click.argument("job_id", type=JOB_ID)
 @clean_errors
 def show_command(job_id: int) -> None:
-    """Everything about one job: payload, result, each error with its traceback, effects.
+    """Everything about one job: payload, result, dependencies and dependents, each error
+    with its traceback, effects.
 
     \b
     Example:
@@ -186,6 +187,7 @@ def show_command(job_id: int) -> None:
         raise click.ClickException(f"No job with id {job_id}.")
     with state.store.read() as conn:
         effects = queries.job_effects(conn, job_id)
+        edges = queries.job_edges(conn, job_id)
     fields = [
         ("id", job.id),
         ("task", job.task),
@@ -220,6 +222,7 @@ def show_command(job_id: int) -> None:
         click.echo(f"  ({job.payload_error})")
     click.echo("result:")
     click.echo(indent(json.dumps(job.result, indent=2, ensure_ascii=False)))
+    _echo_edges(edges)
     click.echo(f"effects reserved: {len(effects)}")
     for key, at in effects:
         click.echo(f"  {key}  ({format_time(at)})")
@@ -264,6 +267,18 @@ def _seconds(seconds: float) -> str:
 def _from_now(moment: datetime, now: datetime) -> str:
     ahead = moment - now
     return f"in {format_age(ahead)}" if ahead.total_seconds() > 0 else "now"
+
+
+def _echo_edges(edges: queries.Edges) -> None:
+    """The job's dependencies and dependents with their statuses, if it has any."""
+    if edges.dependencies:
+        click.echo(f"depends on: {len(edges.dependencies)}")
+        for job_id, status in edges.dependencies:
+            click.echo(f"  {job_id}  {status or 'gone (purged or deleted; counts as completed)'}")
+    if edges.dependents:
+        click.echo(f"dependents: {len(edges.dependents)}")
+        for job_id, status in edges.dependents:
+            click.echo(f"  {job_id}  {status}")
 
 
 def _timeout_text(timeout: float | None, isolate: bool) -> str:

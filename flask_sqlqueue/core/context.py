@@ -6,16 +6,20 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from dataclasses import field
+from types import MappingProxyType
 from typing import TYPE_CHECKING
+from typing import Any
 
 import sqlalchemy as sa
 
 from ..exceptions import ClaimLost
 from ..exceptions import JobCancelled
 from ..exceptions import NoJobContext
+from . import dependencies
 from . import lifecycle
 from .lifecycle import holds_claim
 from .options import check_key
@@ -48,6 +52,8 @@ class _Live:
     progress_pending: tuple[float, str | None] | None = None
     progress_timer: threading.Timer | None = None
     closed: bool = False
+    #: The results of the job's dependencies, once read (they no longer change).
+    dependency_results: Mapping[int, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +97,27 @@ class JobContext:
             return store.ops.insert_effect(conn, key, self.id, store.now())  # type: ignore[arg-type]
 
         return bool(store.run_write(reserve))
+
+    # -- dependencies -----------------------------------------------------------------------
+
+    @property
+    def dependency_results(self) -> Mapping[int, Any]:
+        """The result of each job this one depends on (``depends_on``), by job id: what
+        each returned, as JSON gave it back. Read from the database the first time it
+        is asked for, then kept: a dependency's result never changes once it completed.
+
+        Empty for a job without dependencies. A dependency purged since it completed
+        (``SQLQUEUE_KEEP_COMPLETED``, ``flask queue purge``) is missing from it.
+        """
+        live = self._live
+        with live.lock:
+            found = live.dependency_results
+        if found is None:
+            with self.store.read() as conn:
+                found = MappingProxyType(dependencies.results(conn, self.id))
+            with live.lock:
+                live.dependency_results = found
+        return found
 
     # -- cancellation -----------------------------------------------------------------------
 
@@ -260,6 +287,11 @@ class _CurrentJob:
 
     def reserve_effect(self, key: str | None = None) -> bool:
         return get_current().reserve_effect(key)
+
+    @property
+    def dependency_results(self) -> Mapping[int, Any]:
+        """The result of each job this one depends on, by job id (read once, lazily)."""
+        return get_current().dependency_results
 
     @property
     def cancel_requested(self) -> bool:

@@ -76,6 +76,9 @@ class Job:
             idempotency_key=values["idempotency_key"],
             rescues=values["rescues"],
             releases=values["releases"],
+            # A job that starts ended (a dependency already dead) has these.
+            finished_at=values.get("finished_at"),
+            last_error=values.get("last_error"),
             _loader=loader,
         )
 

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from ..config import default
 from ..exceptions import SQLQueueError
+from . import dependencies
 from .dialects import DialectOps
 from .liveness import BootClock
 from .liveness import BootCutoff
@@ -32,10 +33,12 @@ from .liveness import elsewhere
 from .liveness import heartbeat_fresh
 from .models import JobStatus
 from .models import jobs
+from .models import utcnow
 from .models import workers
 from .payload import decode_value
 from .payload import dumps_trusted
 
+WAITING = JobStatus.WAITING.value
 PENDING = JobStatus.PENDING.value
 RUNNING = JobStatus.RUNNING.value
 COMPLETED = JobStatus.COMPLETED.value
@@ -161,16 +164,44 @@ _COMPLETE_EACH = (
 )
 
 
-def complete(conn: Connection, job_id: int, token: str, result: str | None, now: datetime) -> bool:
-    """Finish a running attempt successfully. ``False`` if the claim was lost."""
+_COMPLETE_ALONE = _COMPLETE_EACH.where(sa.not_(jobs.c.has_dependents))
+
+
+def complete(
+    conn: Connection,
+    job_id: int,
+    token: str,
+    result: str | None,
+    now: datetime,
+    *,
+    ops: DialectOps | None = None,
+) -> bool:
+    """Finish a running attempt successfully, and release the dependents it was the last
+    to wait for. ``False`` if the claim was lost.
+
+    :param ops: to wake the workers (``NOTIFY`` on PostgreSQL) if it released any.
+    """
     params = {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
-    return conn.execute(_COMPLETE_EACH, params).rowcount == 1
+    # A job without dependents, as most are, in one statement; one with them (or whose
+    # claim was lost) in a second, which reads the flag under the row's lock.
+    if conn.execute(_COMPLETE_ALONE, params).rowcount == 1:
+        return True
+    if conn.execute(_COMPLETE_EACH, params).rowcount != 1:
+        return False
+    _released(conn, ops, dependencies.release(conn, [job_id], now))
+    return True
+
+
+def _released(conn: Connection, ops: DialectOps | None, ids: Sequence[int]) -> None:
+    if ids and ops is not None:
+        ops.notify(conn)
 
 
 def complete_many(
     conn: Connection, ops: DialectOps, done: Sequence[tuple[int, str, str | None]], now: datetime
 ) -> set[int]:
-    """Finish several running attempts successfully in one transaction (a group commit).
+    """Finish several running attempts successfully in one transaction (a group commit),
+    and release the dependents they were the last to wait for.
 
     ``done`` holds ``(job id, claim token, result)``; each job is fenced by its own claim
     exactly as :func:`complete` fences one. Returns the ids that were completed; any
@@ -183,7 +214,7 @@ def complete_many(
     """
     if len(done) == 1:
         job_id, token, result = done[0]
-        return {job_id} if complete(conn, job_id, token, result, now) else set()
+        return {job_id} if complete(conn, job_id, token, result, now, ops=ops) else set()
     completed: set[int] = set()
     rounds: list[dict[int, tuple[int, str, str | None]]] = []
     for item in sorted(done, key=lambda item: item[0]):
@@ -194,8 +225,14 @@ def complete_many(
             free = {}
             rounds.append(free)
         free[item[0]] = item
+    parents: list[int] = []
     for batch in rounds:
-        completed |= ops.complete_claimed(conn, list(batch.values()), now)
+        for job_id, flagged in ops.complete_claimed(conn, list(batch.values()), now).items():
+            completed.add(job_id)
+            if flagged:
+                parents.append(job_id)
+    # The dependents they release, in the same transaction (core/dependencies.py).
+    _released(conn, ops, dependencies.release(conn, parents, now))
     return completed
 
 
@@ -210,14 +247,17 @@ def fail(
     fits: Callable[[str], bool] | None = None,
 ) -> str | None:
     """Record a failed attempt: back to pending at ``retry_at``, or dead when it is ``None``
-    (``cancelled`` instead of a retry if its cancellation was asked for).
+    (``cancelled`` instead of a retry if its cancellation was asked for). A job that ends
+    cancels its waiting dependents.
 
     :param fits: whether a text value fits in this database (``Store.value_size``); the
         history keeps only the newest records that fit.
     :returns: the job's new status; ``None`` if the claim was lost (nothing is written then).
     """
     history = conn.execute(
-        sa.select(jobs.c.errors, jobs.c.cancel_requested_at).where(_claimed(job_id, token))
+        sa.select(jobs.c.errors, jobs.c.cancel_requested_at, jobs.c.has_dependents).where(
+            _claimed(job_id, token)
+        )
     ).first()
     if history is None:
         return None
@@ -235,12 +275,18 @@ def fail(
     else:
         values.update(status=PENDING, run_at=retry_at)
     done = conn.execute(sa.update(jobs).where(_claimed(job_id, token)).values(values))
-    return str(values["status"]) if done.rowcount == 1 else None
+    if done.rowcount != 1:
+        return None
+    status = str(values["status"])
+    if status != PENDING and history.has_dependents:
+        dependencies.cancel_dependents(conn, {job_id: status}, now)
+    return status
 
 
 def release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
     """Hand an unfinished attempt back to pending without counting it (graceful stop);
-    a job whose cancellation was asked for ends ``cancelled`` instead."""
+    a job whose cancellation was asked for ends ``cancelled`` instead, and so do its
+    waiting dependents."""
     asked = jobs.c.cancel_requested_at.is_not(None)
     done = conn.execute(
         sa.update(jobs)
@@ -256,7 +302,10 @@ def release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
             claim_token=None,
         )
     )
-    return done.rowcount == 1
+    if done.rowcount != 1:
+        return False
+    dependencies.settle(conn, [job_id], now)
+    return True
 
 
 def holds_claim(conn: Connection, job_id: int, token: str) -> bool:
@@ -324,14 +373,43 @@ def _check_all(
 
 
 def replay(conn: Connection, ids: Sequence[int], now: datetime) -> int:
-    """Send dead or cancelled jobs back to pending with fresh attempts, to run now."""
+    """Send dead or cancelled jobs back to pending with fresh attempts, to run now.
+
+    A job with dependencies goes back to ``waiting`` instead while one of them has not
+    completed (one replayed in the same call counts as not completed yet); if one is
+    dead or cancelled and not replayed with it, the whole batch is refused. Replaying a
+    job never replays the dependents that were cancelled for it.
+    """
     ids = sorted(set(ids))
     _check_all(conn, ids, (DEAD, CANCELLED), "replay", "replayed")
-    return _replay_where(conn, jobs.c.id.in_(ids), now)
+    starts = {
+        job_id: dependencies.prepare(conn, depends_on, replayed=ids)
+        for job_id, depends_on in dependencies.depends_on(conn, ids).items()
+    }
+    refused = [
+        f"{job_id} ({start.last_error})"
+        for job_id, start in starts.items()
+        if start.status == CANCELLED
+    ]
+    if refused:
+        raise InvalidTransition(
+            f"Cannot replay job {'; '.join(refused)}: replay that dependency with it, or "
+            "first; nothing replayed."
+        )
+    replayed = _replay_where(conn, jobs.c.id.in_(ids), now)
+    waiting = [job_id for job_id, start in starts.items() if start.status == WAITING]
+    if waiting:
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id.in_(waiting), jobs.c.status == PENDING)
+            .values(status=WAITING)
+        )
+    return replayed
 
 
 def replay_dead(conn: Connection, now: datetime, queue: str | None, task: str | None) -> int:
-    """Replay every dead job, optionally only those of one queue and/or task."""
+    """Replay every dead job, optionally only those of one queue and/or task. (A dead
+    job ran, so its dependencies had all completed: it goes back to pending.)"""
     where = jobs.c.status == DEAD
     if queue is not None:
         where &= jobs.c.queue == queue
@@ -364,7 +442,8 @@ def _replay_where(conn: Connection, where: Any, now: datetime) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Cancellation:
-    """What :func:`cancel_jobs` did: pending jobs cancelled, running jobs asked to stop."""
+    """What :func:`cancel_jobs` did: waiting and pending jobs cancelled (their waiting
+    dependents with them, not counted here), running jobs asked to stop."""
 
     cancelled: list[int]
     requested: list[int]
@@ -389,7 +468,8 @@ class Cancellation:
 
 
 def cancel_jobs(conn: Connection, ids: Sequence[int], now: datetime) -> Cancellation:
-    """Cancel pending jobs at once, and ask running ones to stop (``cancel_requested_at``).
+    """Cancel waiting and pending jobs at once, with their waiting dependents, and ask
+    running ones to stop (``cancel_requested_at``).
 
     A running job stops only if its task checks ``current_job.cancel_requested`` (or
     calls ``raise_if_cancelled()``); once the request is recorded, a failed attempt is
@@ -397,15 +477,16 @@ def cancel_jobs(conn: Connection, ids: Sequence[int], now: datetime) -> Cancella
     All or nothing: a missing or finished id refuses the whole batch.
     """
     ids = sorted(set(ids))
-    found = _check_all(conn, ids, (PENDING, RUNNING), "cancel", "cancelled")
-    pending = [i for i in ids if found[i] == PENDING]
+    found = _check_all(conn, ids, (WAITING, PENDING, RUNNING), "cancel", "cancelled")
+    pending = [i for i in ids if found[i] in (WAITING, PENDING)]
     running = [i for i in ids if found[i] == RUNNING]
     if pending:
         conn.execute(
             sa.update(jobs)
-            .where(jobs.c.id.in_(pending), jobs.c.status == PENDING)
+            .where(jobs.c.id.in_(pending), jobs.c.status.in_((WAITING, PENDING)))
             .values(status=CANCELLED, finished_at=now, updated_at=now)
         )
+        dependencies.settle(conn, pending, now)
     if running:
         conn.execute(
             sa.update(jobs)
@@ -437,13 +518,16 @@ def cancel_requests(conn: Connection, ids: Sequence[int]) -> set[int]:
 
 def finish_cancelled(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
     """End a running attempt whose task stopped for a cancellation: ``cancelled``, not a
-    failed attempt. ``False`` if the claim was lost."""
+    failed attempt, and so are its waiting dependents. ``False`` if the claim was lost."""
     done = conn.execute(
         sa.update(jobs)
         .where(_claimed(job_id, token))
         .values(status=CANCELLED, finished_at=now, updated_at=now, claim_token=None)
     )
-    return done.rowcount == 1
+    if done.rowcount != 1:
+        return False
+    dependencies.settle(conn, [job_id], now)
+    return True
 
 
 def set_progress(
@@ -464,23 +548,34 @@ GONE_WORKERS_KEPT = timedelta(days=1)
 
 
 def purge(conn: Connection, status: str, before: datetime) -> int:
-    """Delete finished jobs of one status last changed before ``before``."""
+    """Delete finished jobs of one status last changed before ``before``, and what
+    they waited for (a dependent still waiting counts a purged dependency completed:
+    only completed ones can be, as the others' dependents are cancelled)."""
     if status not in FINISHED:
         raise InvalidTransition(
             f"Only finished jobs can be purged ({', '.join(FINISHED)}), not {status!r}."
         )
-    return conn.execute(
+    purged = conn.execute(
         sa.delete(jobs).where(jobs.c.status == status, jobs.c.updated_at < before)
     ).rowcount
+    if purged:
+        dependencies.forget(conn)
+    return purged
 
 
-def delete(conn: Connection, ids: Sequence[int]) -> int:
-    """Delete jobs that are not running."""
+def delete(conn: Connection, ids: Sequence[int], now: datetime | None = None) -> int:
+    """Delete jobs that are not running. A deleted job that had not finished cancels its
+    waiting dependents, which could never run (``now`` stamps them)."""
     ids = sorted(set(ids))
-    _check_all(conn, ids, (PENDING, *FINISHED), "delete", "deleted")
-    return conn.execute(
+    found = _check_all(conn, ids, (WAITING, PENDING, *FINISHED), "delete", "deleted")
+    unfinished = {i: "deleted" for i in ids if found[i] in (WAITING, PENDING)}
+    if unfinished:
+        dependencies.cancel_dependents(conn, unfinished, utcnow() if now is None else now)
+    deleted = conn.execute(
         sa.delete(jobs).where(jobs.c.id.in_(ids), jobs.c.status != RUNNING)
     ).rowcount
+    dependencies.forget(conn, ids)
+    return deleted
 
 
 # -- workers and rescue ---------------------------------------------------------------
@@ -569,7 +664,8 @@ def rescue_stale(
     lost only if it is also among these ids: the ones the rescuer itself saw silent.
 
     The lost attempt counts (it may have crashed the worker: a poison pill must end
-    dead, not loop). Returns ``(job id, new status, lost worker id)`` for each job.
+    dead, not loop); a job that ends cancels its waiting dependents. Returns ``(job id,
+    new status, lost worker id)`` for each job.
     """
     keep = heartbeat_fresh(stale_before, boot)
     if silent is not None:
@@ -586,6 +682,7 @@ def rescue_stale(
             jobs.c.claim_token,
             jobs.c.errors,
             jobs.c.cancel_requested_at,
+            jobs.c.has_dependents,
         ).where(
             jobs.c.status == RUNNING,
             # A missing worker row counts as dead; the start guard covers a worker that
@@ -629,6 +726,8 @@ def rescue_stale(
         )
         if done.rowcount == 1:
             rescued.append((row.id, status, worker))
+            if status != PENDING and row.has_dependents:
+                dependencies.cancel_dependents(conn, {row.id: status}, now)
     conn.execute(
         sa.update(workers)
         .where(workers.c.stopped_at.is_(None), sa.not_(keep))

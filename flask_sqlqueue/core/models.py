@@ -1,4 +1,5 @@
-"""The queue's tables: jobs, job effects, workers, queues, limits and schedules.
+"""The queue's tables: jobs, their dependencies, job effects, workers, queues, limits and
+schedules.
 
 Every table name starts with ``sqlqueue_`` so it can share a database with the app's own
 tables, and the metadata is separate from the app's so the app's migrations never see it.
@@ -28,6 +29,7 @@ WORKERS_TABLE = "sqlqueue_workers"
 QUEUES_TABLE = "sqlqueue_queues"
 LIMITS_TABLE = "sqlqueue_limits"
 SCHEDULES_TABLE = "sqlqueue_schedules"
+DEPENDENCIES_TABLE = "sqlqueue_job_dependencies"
 VERSION_TABLE = "sqlqueue_alembic_version"
 
 metadata = sa.MetaData(
@@ -44,6 +46,8 @@ metadata = sa.MetaData(
 class JobStatus(enum.StrEnum):
     """Where a job is in its life. Stored as the lowercase value."""
 
+    #: Enqueued with dependencies that have not all completed (docs/workflows.md).
+    WAITING = "waiting"
     PENDING = "pending"
     RUNNING = "running"
     COMPLETED = "completed"
@@ -182,6 +186,10 @@ jobs = sa.Table(
     _column("progress_message", LongText(), null=True),
     # The value a task's ``concurrency_key`` derived from the arguments, for limits.
     _column("concurrency_key", ExactString(255), null=True),
+    # Set once a job is enqueued that depends on this one (core/dependencies.py): a job
+    # without it finishes with no dependents to release or cancel, so the completions
+    # of a queue without workflows never look at the dependencies table.
+    _column("has_dependents", sa.Boolean, server_default="0"),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
@@ -206,6 +214,18 @@ effects = sa.Table(
     _column("job_id", sa.BigInteger, null=True, index=True),
     # Indexed for pruning old keys (SQLQUEUE_KEEP_EFFECTS).
     _column("created_at", UTCDateTime, index=True),
+)
+
+#: One edge of a workflow: job ``job_id`` runs once job ``depends_on_id`` completed
+#: (core/dependencies.py). Written with the dependent job, in its transaction; deleted
+#: with it. No foreign keys: a dependency may be purged before its dependent, and counts
+#: as completed once gone (only completed jobs can be purged while a dependent waits).
+dependencies = sa.Table(
+    DEPENDENCIES_TABLE,
+    metadata,
+    _column("job_id", sa.BigInteger, primary_key=True),
+    # Indexed for the dependents of a job that finishes.
+    _column("depends_on_id", sa.BigInteger, primary_key=True, index=True),
 )
 
 #: A running worker process, kept alive by its heartbeat.

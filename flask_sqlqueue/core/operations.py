@@ -86,8 +86,8 @@ def retry_dead(
 
 
 def cancel(store: Store, ids: Sequence[int]) -> Cancellation:
-    """Cancel pending jobs, and ask running ones to stop (see
-    :func:`.lifecycle.cancel_jobs`).
+    """Cancel waiting and pending jobs with their waiting dependents, and ask running
+    ones to stop (see :func:`.lifecycle.cancel_jobs`).
 
     :raises InvalidTransition: an id is missing or its job finished; nothing changes.
     """
@@ -97,11 +97,13 @@ def cancel(store: Store, ids: Sequence[int]) -> Cancellation:
 
 
 def delete(store: Store, ids: Sequence[int]) -> int:
-    """Delete jobs that are not running.
+    """Delete jobs that are not running; a deleted job that had not finished cancels its
+    waiting dependents.
 
     :raises InvalidTransition: an id is missing or its job is running; nothing is deleted.
     """
-    deleted: int = store.run_write(lambda conn: lifecycle.delete(conn, ids))
+    now = store.now()
+    deleted: int = store.run_write(lambda conn: lifecycle.delete(conn, ids, now))
     return deleted
 
 

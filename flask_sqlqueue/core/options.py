@@ -12,6 +12,7 @@ import inspect
 import math
 import re
 from collections.abc import Callable
+from collections.abc import Iterable
 from collections.abc import Mapping
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from datetime import datetime
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
 from sqlalchemy.engine import Connection
 
@@ -28,6 +30,7 @@ from ..bounds import EARLIEST_RUN_AT
 from ..bounds import LATEST_RUN_AT
 from ..bounds import RUN_AT_RANGE
 from ..bounds import longest_delay
+from .jobs import Job
 from .models import JobStatus
 
 if TYPE_CHECKING:
@@ -51,6 +54,9 @@ class EnqueueOptions:
     session: Session | scoped_session[Any] | Connection | None = None
     #: The key a task's ``concurrency_key`` gave for this call's arguments (limits.py).
     concurrency_key: str | None = None
+    #: The jobs (or their ids) that must complete before this one runs; kept as the
+    #: sorted, distinct ids, ``None`` for none (core/dependencies.py).
+    depends_on: Sequence[Job | int] | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -75,6 +81,13 @@ class EnqueueOptions:
             check_key(key, "idempotency_key")
         if self.session is not None and not isinstance(self.session, Connection):
             _check_session(self.session)
+        if self.depends_on is not None:
+            object.__setattr__(self, "depends_on", check_depends_on(self.depends_on))
+
+    @property
+    def dependency_ids(self) -> tuple[int, ...]:
+        """The ids of ``depends_on`` (made sorted and distinct ids at construction)."""
+        return cast("tuple[int, ...]", self.depends_on or ())
 
     def merged(self, other: EnqueueOptions) -> EnqueueOptions:
         """These options with every value ``other`` sets taking precedence."""
@@ -89,6 +102,35 @@ class EnqueueOptions:
         if other.run_at is not None:
             values["delay"] = None
         return EnqueueOptions(**values)
+
+
+#: The largest id a job can have (a signed 64-bit key).
+_MAX_ID = 2**63 - 1
+
+
+def check_depends_on(depends_on: object) -> tuple[int, ...] | None:
+    """The ids of ``depends_on`` (jobs or ids), sorted and distinct; ``None`` if empty.
+
+    :raises TypeError: it is not a list of jobs and ids (a bool is not an id).
+    :raises ValueError: an id that no job can have (zero or less, or past 64 bits).
+    """
+    if isinstance(depends_on, str | bytes | Mapping | Job | int) or not isinstance(
+        depends_on, Iterable
+    ):
+        raise TypeError(
+            f"depends_on takes a list of jobs or job ids, got {depends_on!r}; "
+            "pass depends_on=[job] for one."
+        )
+    ids: set[int] = set()
+    for item in depends_on:
+        if isinstance(item, Job):
+            item = item.id
+        if type(item) is not int:  # not a bool, nor an int subclass that prints otherwise
+            raise TypeError(f"depends_on takes jobs or job ids (int), got {item!r}.")
+        if not 1 <= item <= _MAX_ID:
+            raise ValueError(f"depends_on names no job with id {item}; nothing was enqueued.")
+        ids.add(item)
+    return tuple(sorted(ids)) or None
 
 
 def _check_session(session: object) -> None:

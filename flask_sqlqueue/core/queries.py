@@ -20,6 +20,8 @@ from sqlalchemy.engine import Connection
 from .charts import Activity as Activity
 from .charts import activity as activity
 from .charts import task_metrics as task_metrics
+from .dependencies import Edges as Edges
+from .dependencies import job_edges as job_edges
 from .distinct import MAX_DISTINCT as MAX_DISTINCT
 from .distinct import distinct_values as distinct_values
 from .models import JobStatus
@@ -442,6 +444,7 @@ def effects_by_job(conn: Connection, job_ids: list[int]) -> dict[int, list[tuple
 #: Where the dashboard stops counting, per status: finished jobs pile up by the million
 #: and counting them exactly would walk the whole index on every refresh.
 COUNT_CAPS = {
+    JobStatus.WAITING.value: 100_000,
     JobStatus.PENDING.value: 100_000,
     JobStatus.RUNNING.value: 100_000,
     JobStatus.DEAD.value: 100_000,

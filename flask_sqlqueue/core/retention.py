@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..config import Settings
+from . import dependencies
 from .models import JobStatus
 from .models import effects
 from .models import jobs
@@ -67,12 +68,16 @@ class Pruned:
 
 
 def prune_jobs_batch(conn: Connection, status: str, before: datetime, limit: int) -> int:
-    """Delete up to ``limit`` jobs of ``status`` that finished before ``before``."""
+    """Delete up to ``limit`` jobs of ``status`` that finished before ``before``, and
+    what they waited for (a dependent still waiting counts a pruned dependency
+    completed: core/dependencies.py)."""
     old = sa.and_(jobs.c.status == status, jobs.c.finished_at < before)
     ids = list(conn.execute(sa.select(jobs.c.id).where(old).limit(limit)).scalars())
     if not ids:
         return 0
-    return int(conn.execute(sa.delete(jobs).where(jobs.c.id.in_(ids), old)).rowcount)
+    deleted = int(conn.execute(sa.delete(jobs).where(jobs.c.id.in_(ids), old)).rowcount)
+    dependencies.forget(conn, ids)
+    return deleted
 
 
 def prune_effects_batch(conn: Connection, before: datetime, limit: int) -> int:

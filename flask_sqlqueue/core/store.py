@@ -32,6 +32,7 @@ from ..config import Settings
 from ..exceptions import ConfigurationError
 from ..exceptions import DatabaseFileChanged
 from ..exceptions import QueueUnavailable
+from . import dependencies
 from . import lifecycle
 from . import signals
 from . import wakeup
@@ -216,11 +217,19 @@ class Store:
             default_max_attempts=default_max_attempts or self.settings.max_attempts,
             now=self.now(),
         )
-        job: Job = self._produce(
-            options,
-            lambda conn: self._insert(conn, values),
-            lambda job: self._announce(job, values),
-        )
+        depends_on = options.dependency_ids
+
+        def insert(conn: Connection) -> Job:
+            if not depends_on:
+                return self._insert(conn, values)
+            start = dependencies.prepare(conn, depends_on)
+            row = {**values, **start.values(values["created_at"])}
+            job = self._insert(conn, row, notify=start.status == dependencies.PENDING)
+            if job.created_at is row["created_at"]:  # new, not a job holding the key
+                dependencies.link(conn, [job.id], depends_on)
+            return job
+
+        job: Job = self._produce(options, insert, lambda job: self._announce(job, values))
         return job
 
     def enqueue_many(
@@ -247,6 +256,19 @@ class Store:
             {**values, "payload": payload, "idempotency_key": key, "concurrency_key": limit_key}
             for payload, key, limit_key in calls
         ]
+        depends_on = options.dependency_ids
+
+        def insert(conn: Connection) -> list[Job]:
+            if not depends_on:
+                return self._insert_many(conn, rows)
+            # Every job of the batch has the same dependencies, so the same start.
+            start = dependencies.prepare(conn, depends_on).values(values["created_at"])
+            for row in rows:
+                row.update(start)
+            made = self._insert_many(conn, rows, notify=start["status"] == dependencies.PENDING)
+            new = [job.id for job in made if job.created_at is values["created_at"]]
+            dependencies.link(conn, new, depends_on)
+            return made
 
         def announce(made: list[Job]) -> None:
             seen: set[int] = set()
@@ -255,9 +277,7 @@ class Store:
                     seen.add(job.id)
                     self._announce(job, row)
 
-        made: list[Job] = self._produce(
-            options, lambda conn: self._insert_many(conn, rows), announce
-        )
+        made: list[Job] = self._produce(options, insert, announce)
         return made
 
     def _produce(
@@ -279,16 +299,7 @@ class Store:
             # Flask-SQLAlchemy's db.session: write in the session of the current scope.
             caller = target() if isinstance(target, scoped_session) else target
         if caller is None:
-            try:
-                with self.write() as conn:
-                    made = insert(conn)
-            except sa.exc.DBAPIError as exc:
-                if not is_transient(exc):
-                    raise
-                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
-                raise QueueUnavailable(
-                    f"The queue's database is unavailable ({reason}); nothing was enqueued."
-                ) from exc
+            made = self._insert_own(insert)
             self.wake()
             announce(made)
             return made
@@ -305,6 +316,26 @@ class Store:
             self.wake()  # a hint only: a worker woken early just polls again later
             announce(made)
         return made
+
+    def _insert_own(self, insert: Callable[[Connection], T]) -> T:
+        """Run ``insert`` in a transaction of the queue's own."""
+        tries = 0
+        while True:
+            try:
+                with self.write() as conn:
+                    return insert(conn)
+            except sa.exc.DBAPIError as exc:
+                tries += 1
+                # A job with dependencies locks them, as finishing them does: the
+                # database may end one of two such transactions to break a deadlock.
+                if tries < 3 and self.ops.is_deadlock(exc):
+                    continue
+                if not is_transient(exc):
+                    raise
+                reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+                raise QueueUnavailable(
+                    f"The queue's database is unavailable ({reason}); nothing was enqueued."
+                ) from exc
 
     def _announce(self, job: Job, values: dict[str, Any]) -> None:
         # The job an idempotency key already had keeps its own creation time.
@@ -332,7 +363,9 @@ class Store:
             # The holder of the key was deleted between our insert and our read: try again.
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
 
-    def _insert_many(self, conn: Connection, rows: list[dict[str, Any]]) -> list[Job]:
+    def _insert_many(
+        self, conn: Connection, rows: list[dict[str, Any]], *, notify: bool = True
+    ) -> list[Job]:
         """Insert one job per row, in as few statements as the database allows
         (``DialectOps.insert_jobs``), ids in the order of ``rows``; a row whose key a job
         holds already, or an earlier row of ``rows``, gives that job."""
@@ -372,7 +405,7 @@ class Store:
             raise RuntimeError(f"Could not insert or find the jobs with idempotency keys {keys}.")
         for index, original in repeats:
             made[index] = made[original]
-        if rows:
+        if rows and notify:
             ops.notify(conn)
         return made  # type: ignore[return-value]
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Mapping
+from collections.abc import Sequence
 from datetime import datetime
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -140,6 +141,7 @@ class Task(Generic[P, R]):
         max_attempts: int | None = None,
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
+        depends_on: Sequence[Job | int] | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
@@ -149,8 +151,13 @@ class Task(Generic[P, R]):
         :param idempotency_key: at most one job per key; enqueueing it again returns
             the existing job.
         :param session: write the job in this Session's or Connection's transaction.
-        :raises ValueError: an option is invalid, or ``delay``/``run_at`` gives a time
-            the queue cannot store.
+        :param depends_on: jobs (or job ids) that must complete first: the job starts
+            ``waiting`` and becomes ``pending`` once all have completed, or ends
+            ``cancelled`` if one ends dead or cancelled (docs/workflows.md). Each must
+            exist when the job is written (in ``session``'s transaction, if given).
+        :raises ValueError: an option is invalid, ``delay``/``run_at`` gives a time the
+            queue cannot store, or (at enqueue) ``depends_on`` names no job.
+        :raises TypeError: ``depends_on`` is not a list of jobs and ids.
         """
         extra = EnqueueOptions(
             queue=queue,
@@ -160,6 +167,7 @@ class Task(Generic[P, R]):
             max_attempts=max_attempts,
             idempotency_key=idempotency_key,
             session=session,
+            depends_on=depends_on,
         )
         return BoundTask(self, self.options.merged(extra))
 

@@ -98,14 +98,15 @@ LISTED_MOST = 128
 _NO_JOB = -1
 
 
-@functools.lru_cache(maxsize=32)
-def complete_listed(size: int, valued: bool) -> sa.Update:
+@functools.lru_cache(maxsize=64)
+def complete_listed(size: int, valued: bool, alone: bool = False) -> sa.Update:
     """``UPDATE … SET <completed> WHERE id IN (:b_id0, …) AND status = 'running' AND
     claim_token = CASE id WHEN :b_id0 THEN :b_token0 … END``: the completion of ``size``
     jobs, each fenced by its own token, in one statement on any database, its result
-    bound per job with ``valued`` (else ``NULL`` for all). Built once per size, and
-    sizes are powers of two (:func:`listed`): a statement per batch size cost a worker
-    that claims ahead about 12 MiB of compiled statements."""
+    bound per job with ``valued`` (else ``NULL`` for all); with ``alone``, only of jobs
+    without dependents (``AND NOT has_dependents``). Built once per size, and sizes are
+    powers of two (:func:`listed`): a statement per batch size cost a worker that claims
+    ahead about 12 MiB of compiled statements."""
     ids = [sa.bindparam(f"b_id{n}", type_=jobs.c.id.type) for n in range(size)]
 
     def per_job(name: str, column: sa.Column[Any]) -> sa.Case[Any]:
@@ -123,6 +124,7 @@ def complete_listed(size: int, valued: bool) -> sa.Update:
             jobs.c.id.in_(ids),
             jobs.c.status == RUNNING,
             jobs.c.claim_token == per_job("b_token", jobs.c.claim_token),
+            *([sa.not_(jobs.c.has_dependents)] if alone else []),
         )
         .values(
             status=COMPLETED,
@@ -134,10 +136,13 @@ def complete_listed(size: int, valued: bool) -> sa.Update:
     )
 
 
-def listed(done: Sequence[Done], now: datetime) -> Iterator[tuple[sa.Update, dict[str, Any]]]:
-    """The statements of :func:`complete_listed` that complete ``done``, with their
-    parameters: :data:`LISTED_MOST` jobs at most each, padded to a power of two with
-    entries that match no job."""
+def listed(
+    done: Sequence[Done], now: datetime, *, alone: bool = False
+) -> Iterator[tuple[sa.Update, dict[str, Any]]]:
+    """The statements of :func:`complete_listed` that complete ``done`` (with ``alone``,
+    those of its jobs that have no dependents), with their parameters:
+    :data:`LISTED_MOST` jobs at most each, padded to a power of two with entries that
+    match no job."""
     for start in range(0, len(done), LISTED_MOST):
         part = done[start : start + LISTED_MOST]
         size = 1 << (len(part) - 1).bit_length()
@@ -149,7 +154,7 @@ def listed(done: Sequence[Done], now: datetime) -> Iterator[tuple[sa.Update, dic
             params[f"b_token{n}"] = token
             params[f"b_result{n}"] = result
             valued = valued or result is not None
-        yield complete_listed(size, valued), params
+        yield complete_listed(size, valued, alone), params
 
 
 @functools.cache
@@ -164,7 +169,7 @@ _INSERT_JOB = sa.insert(jobs)
 
 @functools.lru_cache(maxsize=32)
 def _returning_id(stmt: sa.Update) -> sa.Update:
-    return stmt.returning(jobs.c.id)
+    return stmt.returning(jobs.c.id, jobs.c.has_dependents)
 
 
 def insert_once(
@@ -376,17 +381,22 @@ class DialectOps:
         )
         return sorted(conn.execute(stmt).all(), key=claim_order)
 
-    def complete_claimed(self, conn: Connection, done: Sequence[Done], now: datetime) -> set[int]:
+    def complete_claimed(
+        self, conn: Connection, done: Sequence[Done], now: datetime
+    ) -> dict[int, bool]:
         """Complete the running attempts of ``done``, each fenced by its own claim token
-        exactly as a single completion is, in one statement; return the ids completed.
-        A job whose claim was lost gets nothing written. Rows are locked in id order
-        (every id of ``done`` is distinct, and sorted by the caller).
+        exactly as a single completion is, in one statement; return the ids completed,
+        each with whether the job has dependents (its ``has_dependents`` as the write
+        found it, under the row's lock: core/dependencies.py). A job whose claim was
+        lost gets nothing written. Rows are locked in id order (every id of ``done`` is
+        distinct, and sorted by the caller).
 
-        Default: :func:`complete_listed` with ``RETURNING id`` (SQLite).
+        Default: :func:`complete_listed` with ``RETURNING id, has_dependents`` (SQLite).
         """
-        completed: set[int] = set()
+        completed: dict[int, bool] = {}
         for stmt, params in listed(done, now):
-            completed.update(conn.execute(_returning_id(stmt), params).scalars())
+            rows = conn.execute(_returning_id(stmt), params)
+            completed.update((job_id, bool(flag)) for job_id, flag in rows)
         return completed
 
     def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:

@@ -27,6 +27,7 @@ from ..models import limits as limits_table
 from .base import CLAIM_COLUMNS
 from .base import COMPLETED
 from .base import PENDING
+from .base import RUNNING
 from .base import Done
 from .base import ServerOps
 from .base import claim_order
@@ -121,19 +122,37 @@ class MySQLOps(ServerOps):
         ).all()
         return sorted(rows, key=claim_order)
 
-    def complete_claimed(self, conn: Connection, done: Sequence[Done], now: datetime) -> set[int]:
-        """One UPDATE for the whole batch (no UPDATE … RETURNING here); its rowcount
-        counts the rows it matched (SQLAlchemy sets CLIENT_FOUND_ROWS), so when it is the
-        batch's size, every job was completed, as almost always. Else the ones that were
-        are read back: completed by this very statement, at ``now``. (A job another
-        attempt completed at the same microsecond would be counted too; either way
-        nothing is written that should not be.) The ``id IN`` range walks the primary
-        key upwards, which locks the rows in id order."""
-        matched = sum(conn.execute(stmt, params).rowcount for stmt, params in listed(done, now))
-        ids = [job_id for job_id, _, _ in done]
-        if matched == len(done):
-            return set(ids)
-        return set(conn.execute(_COMPLETED_AT, {"b_ids": ids, "b_now": now}).scalars())
+    def complete_claimed(
+        self, conn: Connection, done: Sequence[Done], now: datetime
+    ) -> dict[int, bool]:
+        """One UPDATE for the whole batch (no UPDATE … RETURNING here), of the jobs
+        without dependents; its rowcount counts the rows it matched (SQLAlchemy sets
+        CLIENT_FOUND_ROWS), so when it is the batch's size, every job was completed and
+        none has dependents, as almost always. Else the batch is read back: the jobs
+        completed by this very statement, at ``now`` (a job another attempt completed
+        at the same microsecond would be counted too; either way nothing is written
+        that should not be), and those still running on their claim, which have
+        dependents (the statement left them), are completed by a second UPDATE. The
+        ``id IN`` range walks the primary key upwards, which locks the rows in id
+        order; the flag is read under that lock, as the write finds it."""
+        alone = listed(done, now, alone=True)
+        if sum(conn.execute(stmt, params).rowcount for stmt, params in alone) == len(done):
+            return {job_id: False for job_id, _, _ in done}
+        by_id = {item[0]: item for item in done}
+        completed: dict[int, bool] = {}
+        held: list[Done] = []
+        for row in conn.execute(_READ_BACK, {"b_ids": list(by_id), "b_now": now}):
+            if row.ours:
+                completed[row.id] = False
+            elif row.status == RUNNING and row.claim_token == by_id[row.id][1]:
+                held.append(by_id[row.id])
+        if held:
+            matched = sum(conn.execute(stmt, params).rowcount for stmt, params in listed(held, now))
+            ids = [job_id for job_id, _, _ in held]
+            if matched != len(held):  # a claim lost in between: read which were completed
+                ids = list(conn.execute(_COMPLETED_AT, {"b_ids": ids, "b_now": now}).scalars())
+            completed.update(dict.fromkeys(ids, True))
+        return completed
 
     def lock_buckets(self, conn: Connection, names: Sequence[str]) -> dict[str, Any]:
         """``INSERT … ON DUPLICATE KEY UPDATE`` takes the row's exclusive lock at once,
@@ -184,12 +203,16 @@ def _errno(exc: BaseException) -> object:
 
 
 # Which of a batch the completion just wrote (see MySQLOps.complete_claimed).
-_COMPLETED_AT = sa.select(jobs.c.id).where(
-    jobs.c.id.in_(sa.bindparam("b_ids", expanding=True)),
+_BATCH = jobs.c.id.in_(sa.bindparam("b_ids", expanding=True))
+_WRITTEN_NOW = sa.and_(
     jobs.c.status == COMPLETED,
     jobs.c.claim_token.is_(None),
     jobs.c.finished_at == sa.bindparam("b_now", type_=jobs.c.finished_at.type),
 )
+_COMPLETED_AT = sa.select(jobs.c.id).where(_BATCH, _WRITTEN_NOW)
+_READ_BACK = sa.select(
+    jobs.c.id, jobs.c.status, jobs.c.claim_token, _WRITTEN_NOW.label("ours")
+).where(_BATCH)
 
 # Built once: constructing an INSERT per call cost more than executing it.
 _INSERT_JOB = mysql_insert(jobs)

@@ -87,7 +87,9 @@ class PostgresOps(ServerOps):
     def claim_statement(self, candidates: sa.Select[tuple[int]]) -> sa.Update:
         return _claim_any(candidates)
 
-    def complete_claimed(self, conn: Connection, done: Sequence[Done], now: datetime) -> set[int]:
+    def complete_claimed(
+        self, conn: Connection, done: Sequence[Done], now: datetime
+    ) -> dict[int, bool]:
         # Three arrays, whatever the batch's size: one statement, built once (below).
         params = {
             "b_ids": [job_id for job_id, _, _ in done],
@@ -95,7 +97,9 @@ class PostgresOps(ServerOps):
             "b_results": [result for _, _, result in done],
             "b_now": now,
         }
-        return set(conn.execute(_COMPLETE_ARRAYS, params).scalars())
+        # has_dependents as the UPDATE writes the row: the newest version, under its
+        # lock (a row changed since the statement began is re-read before it is written).
+        return {job_id: flag for job_id, flag in conn.execute(_COMPLETE_ARRAYS, params)}
 
     def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
         """``INSERT … SELECT … FROM json_array_elements(:rows) WITH ORDINALITY AS v(r, n)
@@ -317,5 +321,5 @@ _COMPLETE_ARRAYS = (
     .values(
         status=COMPLETED, result=_DONE.c.result, finished_at=_NOW, updated_at=_NOW, claim_token=None
     )
-    .returning(jobs.c.id)
+    .returning(jobs.c.id, jobs.c.has_dependents)
 )

@@ -330,6 +330,7 @@ class Outcomes:
             token=attempt.token,
             result=success.result,
             now=self._clock(),
+            ops=self._store.ops,
         )
 
         def refused(exc: BaseException) -> _Write:
