@@ -50,12 +50,14 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
 from datetime import UTC
 from datetime import datetime
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,23 @@ class CountedSystem(SQLQueueSystem):
     def _count(self, status: str) -> int:
         self.counts += 1
         return super()._count(status)
+
+    def prune_all(self) -> int:
+        """Delete every completed job as the workers' retention does: batches of
+        ``retention.BATCH`` ids, each in its own write transaction."""
+        from benchmarks.peers.app_sqlqueue import queue
+        from flask_sqlqueue.core import retention
+
+        store = queue.state().store
+        later = store.now() + timedelta(days=1)
+        total = 0
+
+        def batch(conn: Any) -> int:
+            return retention.prune_jobs_batch(conn, "completed", later, retention.BATCH)
+
+        while deleted := store.run_write(batch):
+            total += deleted
+        return total
 
     @property
     def target(self) -> str:
@@ -171,15 +190,25 @@ class PostgresServer:
         shown = [f"{name}={self._one(f'SHOW {name}')[0]}" for name in self.SETTINGS]
         return ", ".join(shown)
 
-    def attach(self, target: str) -> None:
-        """Read the database at ``target`` from now on; ``pg_walinspect`` is created in
-        it (and dropped with it) to attribute WAL records to it."""
+    @contextlib.contextmanager
+    def attached(self, target: str) -> Iterator[None]:
+        """Read the database at ``target`` meanwhile. ``pg_walinspect`` is created in it
+        (and dropped with it) to attribute WAL records to it, and a temporary replication
+        slot keeps the WAL from now on until they are read: a checkpoint may otherwise
+        recycle it first, on a server the other sessions write to."""
         import psycopg
 
         self.target = target
         self.database = urlsplit(target).path.lstrip("/")
         with psycopg.connect(target, autocommit=True) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        slot = f"sqlqueue_scaling_{uuid.uuid4().hex[:12]}"
+        # Temporary: dropped with this session too, should this process die.
+        self._one("SELECT pg_create_physical_replication_slot(%s, true, true)", (slot,))
+        try:
+            yield
+        finally:
+            self._one("SELECT pg_drop_replication_slot(%s)", (slot,))
 
     def connections(self) -> set[int]:
         """The backends connected to the database now."""
@@ -296,9 +325,12 @@ class MariaDBServer:
         row = self._rows("SELECT " + ", ".join(f"@@{name}" for name in self.SETTINGS))[0]
         return ", ".join(f"{name}={value}" for name, value in zip(self.SETTINGS, row, strict=True))
 
-    def attach(self, target: str) -> None:
+    @contextlib.contextmanager
+    def attached(self, target: str) -> Iterator[None]:
+        """Read the database at ``target`` meanwhile."""
         self.target = target
         self.database = urlsplit(target).path.lstrip("/")
+        yield
 
     def connections(self) -> set[int]:
         rows = self._rows(
@@ -422,16 +454,22 @@ def measure(
     concurrency: int,
     quiet: float,
     log_dir: Path,
+    lifecycle: bool,
 ) -> Run:
-    """One fresh database, filled, drained by ``processes`` workers, read all along."""
-    with system.fresh():
-        server.attach(system.target)
+    """One fresh database, filled, drained by ``processes`` workers, read all along;
+    with ``lifecycle``, what the fill, the workers' pruning, a VACUUM (PostgreSQL) and
+    enqueues of one commit each cost it too."""
+    with system.fresh(), server.attached(system.target):
+        filling = server.read(set(), 0)
         harness.fill(system, sizes.jobs)
+        filled = server.read(set(), 0)
         exclude = server.connections()  # the harness's own: the filling app, the counter
         before_quiet = server.read(exclude, 0)
         # The other sessions' rates; and time for the fill's statistics to be reported.
         time.sleep(max(quiet, server.settle))
         before = server.read(exclude, 0)
+        # The other sessions' rate of WAL or redo, while nothing of ours ran.
+        others = (before.log - before_quiet.log) / (before.at - before_quiet.at)
         counts_before = system.counts
         window = Window(server, exclude)
         scratch = harness.Results()
@@ -445,52 +483,105 @@ def measure(
         last = window.last
         if first is None or last is None or last.count <= first.count:
             raise BenchError("too few jobs finished between the readings to measure")
-        attributed = server.attributed(first.lsn, last.lsn)
+        values = _drain_figures(server, before_quiet, before, first, last, after, counts)
+        values["worker_cpu"] = (last.workers - first.workers) * 1e3 / (last.count - first.count)
+        rate = scratch.median(system.name, harness.at(f"drain{processes}", concurrency))
+        values["rate"] = NAN if rate is None else rate
         updates, hot, table_bytes, index_bytes = server.footprint()
-    jobs = last.count - first.count
-    seconds = last.at - first.at
+        values |= {
+            "updates": NAN if updates is None else updates / finished,
+            "hot": NAN if hot is None else hot / finished,
+            "table_bytes": table_bytes / sizes.jobs,
+            "index_bytes": index_bytes / sizes.jobs,
+        }
+        if lifecycle:
+            values |= _phase(server, "fill", filling, filled, sizes.jobs, others)
+            values |= _lifecycle(system, server, finished, max(1, sizes.jobs // 20), others)
+    return Run(values, startup_in_window=window.first is None)
+
+
+def _drain_figures(
+    server: Server,
+    before_quiet: Reading,
+    before: Reading,
+    first: Reading,
+    last: Reading,
+    after: Reading,
+    counts: int,
+) -> dict[str, float]:
+    """The drain's figures: over the window (``first`` to ``last``), and its commits
+    over the whole run (``before`` to ``after``, less ``counts`` of the harness's own)."""
+    jobs, seconds = last.count - first.count, last.at - first.at
     quiet_seconds = before.at - before_quiet.at
-    # The other sessions' rates while nothing of ours ran (server-wide counters only).
     other_log_rate = (before.log - before_quiet.log) / quiet_seconds
     other_commit_rate = (before.others - before_quiet.others) / quiet_seconds
     commits = after.commits - before.commits
-    rollbacks = after.rollbacks - before.rollbacks
     server_log = last.log - first.log
     if isinstance(server, PostgresServer):
-        assert attributed is not None
-        log_bytes, writing = attributed
+        log_bytes, writing = server.attributed(first.lsn, last.lsn)
         commits -= counts  # each count of the harness is a transaction of the database
         writing_per_job = writing / jobs
+        rollbacks = (after.rollbacks - before.rollbacks) / after.count
     else:
         log_bytes = round(server_log - other_log_rate * seconds)
         commits = round(commits - other_commit_rate * (after.at - before.at))
-        writing_per_job = NAN
-    own = _cpu_spent(first, last, last.own, server.new_from_zero)
-    background = _cpu_spent(first, last, last.background, server.new_from_zero)
-    rate = scratch.median(system.name, harness.at(f"drain{processes}", concurrency))
-    values = {
-        "rate": rate if rate is not None else NAN,
+        # MariaDB's Com_rollback is server-wide, and mostly the other sessions' here.
+        writing_per_job = rollbacks = NAN
+    return {
         "steady": jobs / seconds,
-        "own_cpu": own * 1e6 / jobs,  # ms per 1,000 jobs
-        "background_cpu": background * 1e6 / jobs,
+        "own_cpu": _cpu_spent(first, last, last.own, server.new_from_zero) * 1e6 / jobs,
+        "background_cpu": (
+            _cpu_spent(first, last, last.background, server.new_from_zero) * 1e6 / jobs
+        ),
         "log": log_bytes / jobs,
         "server_log": server_log / jobs,
-        "commits": commits / finished,
+        "commits": commits / after.count,
         "writing": writing_per_job,
-        # MariaDB's Com_rollback is server-wide, and mostly the other sessions' here.
-        "rollbacks": rollbacks / finished if isinstance(server, PostgresServer) else NAN,
-        "worker_cpu": (last.workers - first.workers) * 1e3 / jobs,  # ms per job
+        "rollbacks": rollbacks,
         "load": last.load,
         "other_log_rate": other_log_rate,
         "other_commit_rate": other_commit_rate,
         "window_jobs": jobs,
-        "updates": NAN if updates is None else updates / finished,
-        "hot": NAN if hot is None else hot / finished,
-        # Per job in the table, pending or finished (the ones still pending if capped).
-        "table_bytes": table_bytes / sizes.jobs,
-        "index_bytes": index_bytes / sizes.jobs,
     }
-    return Run(values, startup_in_window=window.first is None)
+
+
+def _phase(
+    server: Server, name: str, a: Reading, b: Reading, jobs: int, others: float
+) -> dict[str, float]:
+    """What the database's connections spent between two readings, per job: CPU (ms per
+    1,000 jobs) and WAL (attributed) or redo (less the other sessions' rate) bytes."""
+    cpu = _cpu_spent(a, b, b.own, server.new_from_zero)
+    if isinstance(server, PostgresServer):
+        log = server.attributed(a.lsn, b.lsn)[0]
+    else:
+        log = round(b.log - a.log - others * (b.at - a.at))
+    return {f"{name}_cpu": cpu * 1e6 / jobs, f"{name}_log": log / jobs}
+
+
+def _lifecycle(
+    system: CountedSystem, server: Server, finished: int, enqueues: int, others: float
+) -> dict[str, float]:
+    """After the drain: the workers' pruning of every finished job, a VACUUM of the
+    table on PostgreSQL (autovacuum's work), then ``enqueues`` of one commit each."""
+    a = server.read(set(), 0)
+    pruned = system.prune_all()
+    b = server.read(set(), 0)
+    if pruned != finished:
+        raise BenchError(f"pruning deleted {pruned} jobs of {finished} finished")
+    values = _phase(server, "prune", a, b, finished, others)
+    values["vacuum_cpu"] = values["vacuum_log"] = NAN
+    if isinstance(server, PostgresServer):
+        import psycopg
+
+        with psycopg.connect(server.target, autocommit=True) as conn:
+            a = server.read(set(), 0)
+            conn.execute("VACUUM sqlqueue_jobs")
+            b = server.read(set(), 0)
+        values |= _phase(server, "vacuum", a, b, finished, others)
+    a = server.read(set(), 0)
+    system.enqueue_each(enqueues)
+    b = server.read(set(), 0)
+    return values | _phase(server, "enqueue", a, b, enqueues, others)
 
 
 def record(
@@ -502,7 +593,10 @@ def record(
     args: argparse.Namespace,
     log_dir: Path,
 ) -> None:
-    run = measure(system, server, processes, sizes, args.concurrency, args.quiet, log_dir)
+    lifecycle = processes == args.processes[0]  # once per server and run
+    run = measure(
+        system, server, processes, sizes, args.concurrency, args.quiet, log_dir, lifecycle
+    )
     table.runs.setdefault((server.store, processes), []).append(run)
 
 
@@ -517,10 +611,19 @@ class Table:
     errors: list[str] = field(default_factory=list)
 
     def median(self, store: str, processes: int, metric: str) -> float | None:
+        if metric in ("life_cpu", "life_log"):  # a sum of medians
+            parts = ["enqueue", "drain", "prune", "vacuum"]
+            kind = metric.removeprefix("life_")
+            drain = "own_cpu" if kind == "cpu" else "log"
+            found_parts = [
+                self.median(store, processes, drain if part == "drain" else f"{part}_{kind}")
+                for part in parts
+            ]
+            return sum(part for part in found_parts if part is not None) or None
         found = [
             value
             for run in self.runs.get((store, processes), [])
-            if (value := run.values[metric]) == value  # not NaN
+            if (value := run.values.get(metric, NAN)) == value  # not NaN
         ]
         return statistics.median(found) if found else None
 
@@ -590,6 +693,16 @@ METRICS = {
     "other_commit_rate": ("others' commits/s before", 1),
     "rollbacks": ("rollbacks / job", 3),
     "window_jobs": ("jobs in the window", 0),
+    "enqueue_cpu": ("enqueue, one commit each: DB CPU (ms / 1,000 jobs)", 0),
+    "enqueue_log": ("WAL or redo bytes / job", 0),
+    "fill_cpu": ("bulk enqueue: DB CPU", 0),
+    "fill_log": ("WAL or redo bytes / job", 0),
+    "prune_cpu": ("pruning: DB CPU", 0),
+    "prune_log": ("WAL or redo bytes / job", 0),
+    "vacuum_cpu": ("VACUUM: DB CPU", 0),
+    "vacuum_log": ("WAL bytes / job", 0),
+    "life_cpu": ("a job's life: DB CPU", 0),
+    "life_log": ("WAL or redo bytes / job", 0),
 }
 #: The figures of a store's table after the rates.
 STORE_COLUMNS = ("own_cpu", "background_cpu", "log", "commits", "writing", "worker_cpu", "load")
@@ -602,18 +715,44 @@ class Section:
     title: str
     note: str
     columns: tuple[str, ...]  # metrics
+    first_only: bool = False  # measured at the first process count only
 
     def lines(self, table: Table, servers: list[Server], processes: list[int]) -> list[str]:
         headings = ["store", "worker processes", *(METRICS[m][0] for m in self.columns)]
         out = [f"### {self.title}", "", self.note, "", "| " + " | ".join(headings) + " |"]
         out.append("|---|" + "---:|" * (len(headings) - 1))
         for server in servers:
-            for count in processes:
+            for count in processes[:1] if self.first_only else processes:
                 cells = [table.cell(server.store, count, metric) for metric in self.columns]
                 out.append(f"| {server.store} | {count} | " + " | ".join(cells) + " |")
         return [*out, ""]
 
 
+LIFE = Section(
+    "A job's life: enqueue, prune, vacuum",
+    "Measured once per server and run, on the database of the first process count: the "
+    "bulk enqueue that filled it; after the drain, the workers' pruning of every job "
+    "(`retention.prune_jobs_batch`, batches of 500 ids, each its own transaction), then "
+    "on PostgreSQL a `VACUUM sqlqueue_jobs`, the work autovacuum does in the background "
+    "(see the settings above), then enqueues of one commit each (`noop.enqueue()`, a twentieth of "
+    "`--jobs`). DB CPU: every connection to the benchmark's database, in ms per 1,000 "
+    "jobs; WAL attributed as above, redo less the other sessions' rate. *A job's life*: "
+    "the sum of the medians of a one-commit enqueue, the drain at that process count "
+    "(its connections), the pruning and the VACUUM.",
+    (
+        "enqueue_cpu",
+        "enqueue_log",
+        "fill_cpu",
+        "fill_log",
+        "prune_cpu",
+        "prune_log",
+        "vacuum_cpu",
+        "vacuum_log",
+        "life_cpu",
+        "life_log",
+    ),
+    first_only=True,
+)
 ROWS = Section(
     "Rows and space",
     "After each drain: the jobs table's row updates per job finished, and the HOT ones "
@@ -689,6 +828,7 @@ def report(
     ]
     for server in servers:
         out += store_table(table, server, args.processes)
+    out += LIFE.lines(table, servers, args.processes)
     out += ROWS.lines(table, servers, args.processes)
     out += CONTEXT.lines(table, servers, args.processes)
     out += ["### Errors", "", *(table.errors or ["none"]), ""]

@@ -163,7 +163,8 @@ def test_scaling_reports_a_row_per_process_count(
     tmp_path: Path, backend: str, var: str, store: str
 ) -> None:
     """``python -m benchmarks.scaling`` at toy sizes: a row for each process count, with
-    a rate, the database's CPU, its WAL or redo and commits, and the workers' CPU."""
+    a rate, the database's CPU, its WAL or redo and commits, and the workers' CPU; and
+    what a job's whole life costs."""
     url = os.environ.get(var)
     if not url:
         pytest.skip(f"set {var} to run against {store}")
@@ -182,3 +183,5 @@ def test_scaling_reports_a_row_per_process_count(
             float(commits.replace(",", ""))
         for cell in positive:
             assert float(cell.rstrip(" †").replace(",", "")) > 0, (processes, row)
+    life = _row(text, "A job's life", store)  # once, at the first process count
+    assert life[1] == "1" and "—" not in (life[-2], life[-1]), life
