@@ -14,10 +14,12 @@ import os
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from benchmarks import scaling
 from benchmarks.peers import harness
 from benchmarks.peers.__main__ import concurrency_list
 from benchmarks.peers.__main__ import main
@@ -38,24 +40,18 @@ def _row(text: str, heading: str, system: str) -> list[str]:
     raise AssertionError(f"no row for {system} under {heading!r}:\n{section}")
 
 
-def _quick(tmp_path: Path, *options: str) -> str:
-    out = tmp_path / "peers.md"
-    code = main(
-        [
-            "--quick",
-            "--runs=1",
-            "--jobs=300",
-            "--enqueue-jobs=30",
-            "--samples=3",
-            "--concurrency=2",
-            f"--output={out}",
-            *options,
-        ]
-    )
+def _report(command: Callable[[list[str]], int], out: Path, options: list[str]) -> str:
+    """Run a benchmark's ``main`` with ``options``; its report, which must show no error."""
+    code = command([*options, f"--output={out}"])
     text = out.read_text()
     assert code == 0, text
     assert "### Errors\n\nnone" in text
     return text
+
+
+def _quick(tmp_path: Path, *options: str) -> str:
+    quick = ["--quick", "--runs=1", "--jobs=300", "--enqueue-jobs=30", "--samples=3"]
+    return _report(main, tmp_path / "peers.md", [*quick, "--concurrency=2", *options])
 
 
 def _check_store(text: str, store: str, fsq: str, raw: str) -> None:
@@ -154,3 +150,38 @@ def test_the_single_measurement_scripts_run(script: str, options: list[str]) -> 
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "| sqlite |" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize(
+    "backend, var, store",
+    [
+        ("postgres", "SQLQUEUE_TEST_POSTGRES_URL", "PostgreSQL"),
+        ("mysql", "SQLQUEUE_TEST_MYSQL_URL", "MariaDB"),
+    ],
+)
+def test_scaling_reports_a_row_per_process_count(
+    tmp_path: Path, backend: str, var: str, store: str
+) -> None:
+    """``python -m benchmarks.scaling`` at toy sizes: a row for each process count, with
+    a rate, the database's CPU, its WAL or redo and commits, and the workers' CPU; and
+    what a job's whole life costs."""
+    url = os.environ.get(var)
+    if not url:
+        pytest.skip(f"set {var} to run against {store}")
+    sizes = ["--processes=1,2", "--jobs=1000", "--concurrency=2", "--quiet=0.2"]
+    text = _report(
+        scaling.main, tmp_path / "scaling.md", [f"--only={backend}", f"--{backend}={url}", *sizes]
+    )
+    for processes in ("1", "2"):
+        row = _row(text, store, processes)
+        rates, own_cpu, log_bytes, commits, worker_cpu = row[1:3], row[3], row[5], row[6], row[8]
+        positive = [*rates, own_cpu, worker_cpu, row[-1]]
+        if backend == "postgres":  # its own database's figures; MariaDB's are server-wide
+            positive += [log_bytes, commits]  # less the other sessions' rates: noisy here
+        else:
+            float(log_bytes.replace(",", ""))
+            float(commits.replace(",", ""))
+        for cell in positive:
+            assert float(cell.rstrip(" †").replace(",", "")) > 0, (processes, row)
+    life = _row(text, "A job's life", store)  # once, at the first process count
+    assert life[1] == "1" and "—" not in (life[-2], life[-1]), life

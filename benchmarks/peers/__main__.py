@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shlex
 import sys
 import time
-import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
+from . import common
 from . import harness
 from .common import DEFAULT_MYSQL
 from .common import DEFAULT_POSTGRES
@@ -169,32 +169,17 @@ def main(argv: list[str] | None = None) -> int:
                     step = harness.at(workload, concurrency)
                     log_dir = folder / f"logs-{system.name}-{step}-{run}"
                     log_dir.mkdir()
-                    began = time.monotonic()
-                    try:
-                        measure(system, sizes, results, log_dir, concurrency)
-                        outcome = "ok"
-                    except Exception as exc:
-                        detail = str(exc) if isinstance(exc, BenchError) else repr(exc)
-                        results.errors[(system.name, step)].append(f"run {run}: {detail}")
-                        outcome = f"ERROR {detail}"
-                        if not isinstance(exc, BenchError):
-                            traceback.print_exc(file=sys.stderr)
-                    print(
-                        f"run {run} {system.name:22} {step:14} "
-                        f"{time.monotonic() - began:6.1f} s  {outcome}",
-                        file=sys.stderr,
-                        flush=True,
+                    error = common.step(
+                        f"run {run} {system.name:22} {step:14}",
+                        partial(measure, system, sizes, results, log_dir, concurrency),
                     )
-        elapsed = time.monotonic() - started
-        load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-        header.append(f"- wall time {elapsed / 60:.1f} min; load average at the end {load}")
+                    if error is not None:
+                        results.errors[(system.name, step)].append(f"run {run}: {error}")
+        header.append(common.closing_line(started))
         if skipped:
             header += ["", "Skipped: " + "; ".join(skipped)]
         text = harness.report(results, usable, sizes, args.runs, args.concurrency, header)
-    print(text)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text + "\n")
+    common.publish(text, args.output)
     return 1 if results.errors else 0
 
 

@@ -12,7 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
+from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
@@ -31,6 +33,38 @@ TICK = os.sysconf("SC_CLK_TCK")
 
 class BenchError(Exception):
     """A measurement that cannot be trusted: reported as an error, never as a number."""
+
+
+def step(label: str, measure: Callable[[], object]) -> str | None:
+    """Run one measurement and print ``label``, its time and its outcome; return the
+    error's text if it failed (a traceback too, if not a :class:`BenchError`)."""
+    began = time.monotonic()
+    error = None
+    try:
+        measure()
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, BenchError) else repr(exc)
+        if not isinstance(exc, BenchError):
+            traceback.print_exc(file=sys.stderr)
+    outcome = "ok" if error is None else f"ERROR {error}"
+    print(f"{label} {time.monotonic() - began:6.1f} s  {outcome}", file=sys.stderr, flush=True)
+    return error
+
+
+def closing_line(started: float) -> str:
+    """The report's last header line: the wall time since ``started`` (monotonic)."""
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (
+        f"- wall time {(time.monotonic() - started) / 60:.1f} min; load average at the end {load}"
+    )
+
+
+def publish(text: str, output: Path | None) -> None:
+    """Print the report, and write it to ``output`` if given."""
+    print(text)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text + "\n")
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -70,16 +104,30 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+def stat_cpu(path: str) -> float | None:
+    """User + system CPU seconds in a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat``
+    file (that process or thread alone); ``None`` once it is gone."""
+    try:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of ``pid`` and its descendants."""
-    total = 0.0
-    for member in process_tree(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / TICK
-    return total
+    return sum(stat_cpu(f"/proc/{member}/stat") or 0.0 for member in process_tree(pid))
+
+
+def pids_named(names: tuple[str, ...]) -> list[int]:
+    """Every process whose command name (``/proc/<pid>/comm``) is one of ``names``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{entry}/comm").read_text().strip() in names:
+                    found.append(int(entry))
+    return found
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -203,6 +251,10 @@ class Workers:
 
     def peak_rss_mb(self) -> float:
         return max(peak_rss_mb(proc.pid) for proc in self.procs)
+
+    def cpu_seconds(self) -> float:
+        """CPU time of every worker process so far (and of anything they forked)."""
+        return sum(cpu_seconds(proc.pid) for proc in self.procs)
 
     def stop(self) -> None:
         for proc in self.procs:

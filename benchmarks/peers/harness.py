@@ -12,8 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import Protocol
 
 from .common import BenchError
+from .common import Workers
 from .common import percentile
 from .common import running
 from .probe import read_stamp
@@ -107,9 +109,24 @@ def drain_two(
     system: System, sizes: Sizes, results: Results, log_dir: Path, concurrency: int | None
 ) -> None:
     with system.fresh():
-        system.enqueue_bulk(sizes.jobs)
-        _wait_count(system.pending, sizes.jobs, 5, "jobs waiting after the fill")
+        fill(system, sizes.jobs)
         drain(system, 2, sizes, results, log_dir, concurrency)
+
+
+def fill(system: System, jobs: int) -> None:
+    """Bulk-enqueue ``jobs`` jobs into the fresh store, and wait until it counts them."""
+    system.enqueue_bulk(jobs)
+    _wait_count(system.pending, jobs, 5, "jobs waiting after the fill")
+
+
+class Watch(Protocol):
+    """Readings of its own taken while a drain's workers run (benchmarks/scaling.py)."""
+
+    def poll(self, count: int, workers: Workers) -> None:
+        """After every count of finished jobs."""
+
+    def done(self, count: int, workers: Workers) -> None:
+        """After the last count, before the workers are stopped."""
 
 
 def drain(
@@ -119,6 +136,7 @@ def drain(
     results: Results,
     log_dir: Path,
     concurrency: int | None = None,
+    watch: Watch | None = None,
 ) -> None:
     """Start the workers on the pre-filled queue; the rate runs from the first count seen
     above zero to the count reaching the total, so process start-up is not in it."""
@@ -135,6 +153,8 @@ def drain(
             now = time.monotonic()
             if count > total:
                 raise BenchError(f"{count} jobs finished of {total} enqueued (duplicates?)")
+            if watch is not None:
+                watch.poll(count, workers)
             if not first_at:
                 if count > 0:
                     first_at, first_count = now, count
@@ -157,6 +177,8 @@ def drain(
                 workers.check_alive()
             since = now - (first_at or launched)
             time.sleep(min(POLL_MAX, max(POLL_MIN, POLL_SHARE * since)))
+        if watch is not None:
+            watch.done(count, workers)
         rss = workers.peak_rss_mb()
     final = system.finished()
     if final < count or final > total:
@@ -223,7 +245,9 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
-def machine(postgres_version: str, mysql_version: str, redis_version: str) -> list[str]:
+def machine(
+    postgres_version: str, mysql_version: str, redis_version: str | None = None
+) -> list[str]:
     model = "unknown"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -236,8 +260,8 @@ def machine(postgres_version: str, mysql_version: str, redis_version: str) -> li
     return [
         f"- CPU: {os.cpu_count()} cores, {model}; load average at the start {load}",
         f"- Python {platform.python_version()} ({platform.system()} {platform.release()})",
-        f"- SQLite {sqlite3.sqlite_version}; PostgreSQL {postgres_version}; "
-        f"MariaDB {mysql_version}; Redis {redis_version} (loopback, no persistence)",
+        f"- SQLite {sqlite3.sqlite_version}; PostgreSQL {postgres_version}; MariaDB {mysql_version}"
+        + ("" if redis_version is None else f"; Redis {redis_version} (loopback, no persistence)"),
     ]
 
 
