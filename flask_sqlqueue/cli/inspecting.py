@@ -7,6 +7,7 @@ import sys
 from collections.abc import Collection
 from datetime import datetime
 from datetime import timedelta
+from typing import Any
 
 import click
 
@@ -35,13 +36,21 @@ from .formatting import progress_bar
 
 
 @queue_cli.command("status")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: per queue the counts by status, the jobs due now and the "
+    "oldest one's wait in seconds, and whether it is paused (for autoscalers).",
+)
 @clean_errors
-def status_command() -> None:
+def status_command(as_json: bool) -> None:
     """Job counts by queue and status, and the wait of each queue's oldest eligible job.
 
     \b
     Example:
       flask queue status
+      flask queue status --json
     """
     state = app_state()
     now = state.store.now()
@@ -49,7 +58,12 @@ def status_command() -> None:
         rows = queries.status(conn, now)
         fresh = state.store.heartbeat_fresh(state.settings.stale_after, now)
         cover = queries.coverage(conn, fresh)
-        ahead = sum(len(queries.claimed_ahead(w)) for w in queries.live_workers(conn, fresh))
+        live = queries.live_workers(conn, fresh)
+        ahead = sum(len(queries.claimed_ahead(w)) for w in live)
+        paused = paused_queues(conn) if as_json else {}
+    if as_json:
+        click.echo(json.dumps(_status_json(rows, paused, now, len(live)), sort_keys=True))
+        return
     if not rows:
         click.echo("No jobs.")
         _echo_schedules(state, now)
@@ -83,6 +97,29 @@ def status_command() -> None:
     _echo_controls(state, now)
     policy = retention.RetentionPolicy.from_settings(state.settings)
     click.echo(f"retention: {retention.describe(policy)}")
+
+
+def _status_json(
+    rows: list[queries.QueueStatus], paused: Collection[str], now: datetime, workers: int
+) -> dict[str, Any]:
+    queues = {
+        row.queue: {
+            "counts": row.counts,
+            "eligible": row.eligible,
+            "oldest_eligible_seconds": (
+                round((now - row.oldest_eligible).total_seconds(), 3)
+                if row.oldest_eligible is not None
+                else None
+            ),
+            "paused": row.queue in paused,
+        }
+        for row in rows
+    }
+    for name in paused:  # a paused queue without jobs
+        queues.setdefault(
+            name, {"counts": {}, "eligible": 0, "oldest_eligible_seconds": None, "paused": True}
+        )
+    return {"time": now.isoformat(), "live_workers": workers, "queues": queues}
 
 
 def _echo_unserved(cover: queries.Coverage, registered: Collection[str]) -> None:

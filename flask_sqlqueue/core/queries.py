@@ -37,6 +37,8 @@ class QueueStatus:
     queue: str
     counts: dict[str, int]
     oldest_eligible: datetime | None
+    #: Pending jobs due now: what workers could start at once.
+    eligible: int = 0
 
 
 def status(conn: Connection, now: datetime) -> list[QueueStatus]:
@@ -47,9 +49,15 @@ def status(conn: Connection, now: datetime) -> list[QueueStatus]:
         )
     ):
         counts.setdefault(queue, {})[state] = n
-    oldest = _oldest_eligible(conn, now)
+    due = _eligible(conn, now)
     return [
-        QueueStatus(queue, counts[queue], _aware(oldest.get(queue))) for queue in sorted(counts)
+        QueueStatus(
+            queue,
+            counts[queue],
+            _aware(due[queue][0]) if queue in due else None,
+            due[queue][1] if queue in due else 0,
+        )
+        for queue in sorted(counts)
     ]
 
 
@@ -499,13 +507,18 @@ def queue_counts(
 
 def _oldest_eligible(conn: Connection, now: datetime) -> dict[str, datetime]:
     """Per queue, the ``run_at`` of its oldest job that is due and waiting (raw)."""
-    return dict(
-        conn.execute(
-            sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at))
-            .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
-            .group_by(jobs.c.queue)
-        ).all()
+    return {queue: oldest for queue, (oldest, _) in _eligible(conn, now).items()}
+
+
+def _eligible(conn: Connection, now: datetime) -> dict[str, tuple[datetime, int]]:
+    """Per queue with jobs due and waiting: the oldest one's ``run_at`` (raw), and how
+    many there are; one range of the claim index."""
+    rows = conn.execute(
+        sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at), sa.func.count())
+        .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
+        .group_by(jobs.c.queue)
     )
+    return {queue: (oldest, int(n)) for queue, oldest, n in rows}
 
 
 def cancel_requested_running(conn: Connection) -> list[int]:
