@@ -21,6 +21,8 @@ from typing import TypeVar
 from sqlalchemy.engine import Connection
 
 from ..exceptions import DuplicateTask
+from .arguments import ArgumentCodec
+from .arguments import codec_for
 from .jobs import Job
 from .lifecycle import BackoffFunc
 from .limits import TaskLimits
@@ -82,6 +84,9 @@ class Task(Generic[P, R]):
         self.name = check_task_name(name)
         #: What each enqueue's arguments are checked against (read once, here).
         self.signature = signature_of(fn)
+        #: Encodes and decodes the arguments of parameters annotated with a type JSON
+        #: lacks (docs/arguments.md); ``None`` when no parameter is.
+        self.codec: ArgumentCodec | None = codec_for(fn, self.signature)
         #: The task's defaults for queue, priority and max_attempts.
         self.options = options
         self.backoff = backoff
