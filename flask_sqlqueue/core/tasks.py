@@ -109,7 +109,8 @@ class Task(Generic[P, R]):
         """Write a job that runs this task with these arguments; committed on return.
 
         :raises TypeError: the function could not take these arguments, or one is not
-            plain JSON (:class:`~flask_sqlqueue.PayloadError`); nothing is written.
+            plain JSON (:class:`~flask_sqlqueue.PayloadError`), or does not fit its
+            parameter's annotation (docs/arguments.md); nothing is written.
         :raises ValueError: a value would not round-trip unchanged, or the arguments
             are larger than the database stores in one value; nothing is written.
         """
@@ -167,6 +168,15 @@ class Task(Generic[P, R]):
             session=session,
         )
         return BoundTask(self, self.options.merged(extra))
+
+    def decode(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The values a job's stored arguments stand for, as the function is called with.
+
+        :raises ~flask_sqlqueue.exceptions.ArgumentDecodeError: one does not decode by
+            its parameter's annotation (a ``ValueError``).
+        """
+        codec = self.codec
+        return (args, kwargs) if codec is None else codec.decode(args, kwargs)
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
