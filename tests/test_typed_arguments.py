@@ -42,6 +42,7 @@ from flask_sqlqueue.testing import enqueue_periodic
 from tests import sample_app
 from tests import typed_app as tasks
 from tests.conftest import query
+from tests.sample_app import queue_app
 from tests.typed_app import Level
 from tests.typed_app import Line
 from tests.typed_app import Order
@@ -443,6 +444,20 @@ def test_by_name_values_or_stored_forms_with_encoded(typed: Flask, database_uri:
     assert payload(database_uri, again.id) == payload(database_uri, first.id)
     assert payload(database_uri, batch[0].id) == {"args": ["2024-06-01"], "kwargs": {"tier": "pro"}}
     assert job_count(database_uri) == 3
+
+    # A producer that does not register the task writes the stored forms itself, and
+    # the worker decodes them.
+    elsewhere = SQLQueue()
+    producer = queue_app("producer", elsewhere, {"SQLQUEUE_DATABASE_URI": database_uri})
+    try:
+        with producer.app_context():
+            job = elsewhere.enqueue("tests.typed_app.daily", ["2024-06-02"], unregistered=True)
+    finally:
+        producer.extensions["sqlqueue"].store.engine.dispose()
+    with typed.app_context():
+        ran = {done.id: done for done in drain()}
+    assert len(ran) == 4
+    assert ran[job.id].result == repr([date(2024, 6, 2), Tier.FREE])
 
 
 def test_the_command_line_takes_the_stored_forms(typed: Flask, database_uri: str) -> None:
