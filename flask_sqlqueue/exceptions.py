@@ -53,6 +53,21 @@ class PayloadValueError(PayloadError, ValueError):
     """A JSON value the databases would not return unchanged (NaN, NUL characters)."""
 
 
+class ArgumentTypeError(PayloadError):
+    """An argument that does not fit the annotation of its parameter, which decides how it
+    is stored (docs/arguments.md): refused at enqueue, and nothing is written."""
+
+    def __init__(self, path: str, value: object, reason: str) -> None:
+        self.path = path
+        self.value = value
+        SQLQueueError.__init__(self, f"{path} = {_shown(value)} {reason}.")
+
+
+class ArgumentDecodeError(ArgumentTypeError, ValueError):
+    """A stored argument that its parameter's annotation cannot turn back into a value:
+    the job's attempt is not run, or an enqueue of stored forms is refused."""
+
+
 class PayloadTooLarge(PayloadValueError):
     """Arguments whose JSON is larger than the database stores in one value."""
 

@@ -350,6 +350,7 @@ class QueueExtension:
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
         unregistered: bool = False,
+        encoded: bool = False,
     ) -> Job:
         """Enqueue a task by name, for code that does not import it.
 
@@ -360,6 +361,10 @@ class QueueExtension:
             (the queue's defaults, no argument checks beyond JSON), for a worker that
             registers it; until one does, the job waits, visible in
             ``flask queue status``. Without it such a name is refused.
+        :param encoded: the arguments of typed parameters (docs/arguments.md) are given
+            in their stored JSON forms, as ``job.args`` and ``flask queue enqueue`` have
+            them (an ISO 8601 string for a ``datetime``): each is decoded by its
+            annotation to check it. Without it they are given as values.
         :raises UnknownTask: no task of this app has the name, and ``unregistered`` is
             not set; nothing is written.
         :raises TypeError: the arguments do not fit the task, or are not plain JSON.
@@ -378,7 +383,7 @@ class QueueExtension:
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,
-            many=False, unregistered=unregistered,
+            many=False, unregistered=unregistered, encoded=encoded,
         )  # fmt: skip
         return job
 
@@ -395,6 +400,7 @@ class QueueExtension:
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
         unregistered: bool = False,
+        encoded: bool = False,
     ) -> list[Job]:
         """Enqueue many jobs of a task by name in one transaction: what
         :meth:`Task.enqueue_many` does, for code that does not import the task.
@@ -403,6 +409,7 @@ class QueueExtension:
             ``(args, kwargs)`` tuple; idempotency keys go on each ``Call``.
         :param depends_on: as for :meth:`enqueue`, for every job of the batch.
         :param unregistered: as for :meth:`enqueue`.
+        :param encoded: as for :meth:`enqueue`.
         :raises UnknownTask: as :meth:`enqueue`; nothing is written.
         """
         options = EnqueueOptions(
@@ -414,7 +421,9 @@ class QueueExtension:
             session=session,
             depends_on=depends_on,
         )
-        return self._produce(task, calls, options, many=True, unregistered=unregistered)
+        return self._produce(
+            task, calls, options, many=True, unregistered=unregistered, encoded=encoded
+        )
 
     def _produce(
         self,
@@ -424,6 +433,7 @@ class QueueExtension:
         *,
         many: bool,
         unregistered: bool = False,
+        encoded: bool = False,
     ) -> list[Job]:
         """Every enqueue of the app: find its store, then the core's one path."""
         state = self.state()
@@ -437,6 +447,7 @@ class QueueExtension:
             registry=self.registry,
             many=many,
             unregistered=unregistered,
+            encoded=encoded,
             eager=eager,
         )
 

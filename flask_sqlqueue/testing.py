@@ -31,6 +31,7 @@ rewrite it, and it may be imported before pytest loads it as a plugin.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -289,6 +290,21 @@ def enqueued(
     return _jobs(state, condition)
 
 
+def _stored_forms(
+    task: Task[Any, Any] | None, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None
+) -> tuple[Sequence[Any] | None, Mapping[str, Any] | None]:
+    """What a test expects, as a typed task's job stores it: values (a ``datetime``) are
+    encoded by the task's annotations; stored forms (its ISO string) are kept as given."""
+    codec = None if task is None else task.codec
+    if codec is None:
+        return args, kwargs
+    with contextlib.suppress(TypeError):
+        args = None if args is None else codec.encode(args, {})[0]
+    with contextlib.suppress(TypeError):
+        kwargs = None if kwargs is None else codec.encode((), kwargs)[1]
+    return args, kwargs
+
+
 def _matches(job: Job, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> bool:
     # Compare as JSON, as the job stores them: a tuple argument comes back a list.
     if args is not None and job.args != json.loads(json.dumps(list(args))):
@@ -329,13 +345,15 @@ def assert_enqueued(
 ) -> Job:
     """Fail unless an enqueued job of ``task`` (pending, or waiting for its dependencies)
     exists with these ``args``, ``kwargs`` and ``queue`` (each left out matches anything).
-    Returns the oldest such job.
+    Returns the oldest such job. Arguments of typed parameters may be given as values or
+    in their stored forms (docs/arguments.md).
 
     :raises AssertionError: listing every job that is enqueued.
     """
     name = _task_name(task)
     state = _state(app)
-    matching = [job for job in enqueued(name, queue=queue, app=app) if _matches(job, args, kwargs)]
+    stored = _stored_forms(state.registry.get(name), args, kwargs)
+    matching = [job for job in enqueued(name, queue=queue, app=app) if _matches(job, *stored)]
     if not matching:
         raise AssertionError(
             f"Expected a job {_wanted(name, args, kwargs, queue)} to be enqueued; "
@@ -353,13 +371,15 @@ def assert_not_enqueued(
     app: Flask | None = None,
 ) -> None:
     """Fail if an enqueued job of ``task`` (pending, or waiting for its dependencies)
-    exists with these ``args``, ``kwargs`` and ``queue`` (each left out matches anything).
+    exists with these ``args``, ``kwargs`` and ``queue`` (each left out matches anything),
+    compared as :func:`assert_enqueued` does.
 
     :raises AssertionError: naming the jobs that match.
     """
     name = _task_name(task)
     state = _state(app)
-    matching = [job for job in enqueued(name, queue=queue, app=app) if _matches(job, args, kwargs)]
+    stored = _stored_forms(state.registry.get(name), args, kwargs)
+    matching = [job for job in enqueued(name, queue=queue, app=app) if _matches(job, *stored)]
     if matching:
         ids = ", ".join(str(job.id) for job in matching)
         raise AssertionError(

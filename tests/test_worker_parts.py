@@ -174,7 +174,10 @@ def runner(tasks: dict[str, Any], job_context: Any = None) -> Runner:
 
 
 def task(fn: Any) -> Any:
-    return SimpleNamespace(fn=fn, timeout=None, isolate=False, backoff=None)
+    # Arguments as stored are the values: a task without typed parameters.
+    return SimpleNamespace(
+        fn=fn, timeout=None, isolate=False, backoff=None, decode=lambda *call: call
+    )
 
 
 def test_the_runner_returns_what_the_task_returned_and_how_long_it_took() -> None:

@@ -189,7 +189,9 @@ def enqueue_command(
     """Enqueue a registered task with JSON arguments.
 
     The arguments must fit the task's signature, and are checked as any enqueue checks
-    them; nothing is written if they do not.
+    them; nothing is written if they do not. Typed parameters take their stored JSON
+    forms, as `flask queue show` has them: an ISO 8601 string for a datetime, the text
+    of a UUID or a Decimal, an enum's value, an object for a dataclass.
 
     \b
     Example:
@@ -203,7 +205,7 @@ def enqueue_command(
         raise click.ClickException(f"No task {task!r} is registered in this app (known: {known}).")
     job = state.queue.enqueue(
         task, args, kwargs, queue=queue, priority=priority, delay=delay,
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key, encoded=True,
     )  # fmt: skip
     click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
 

@@ -3,9 +3,10 @@
 :func:`enqueue` serves ``Task.enqueue``, ``.using(...).enqueue``, ``SQLQueue.enqueue`` by
 name, both ``enqueue_many``, ``flask queue enqueue``, the periodic scheduler and the test
 helpers. Everything is checked before anything is written, so a refusal writes nothing:
-the task name, the options, each call's arguments against the task's signature, the
-arguments as JSON that round-trips, their size against what the database stores in one
-value, the concurrency key, and ``run_at`` against the times every backend stores.
+the task name, the options, each call's arguments against the task's signature (and
+those of typed parameters against their annotations: core/arguments.py), the arguments
+as JSON that round-trips, their size against what the database stores in one value, the
+concurrency key, and ``run_at`` against the times every backend stores.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def enqueue(
     registry: Mapping[str, Task[Any, Any]] | None = None,
     many: bool = False,
     unregistered: bool = False,
+    encoded: bool = False,
     eager: RunsJobs | None = None,
 ) -> list[Job]:
     """Check every call, then write one job per call in one transaction; committed on
@@ -72,6 +74,9 @@ def enqueue(
         ``options.idempotency_key`` is refused: one key cannot name many jobs.
     :param unregistered: write a name that ``registry`` does not hold as it is, for a
         worker that registers it (no signature or concurrency key then).
+    :param encoded: the arguments of typed parameters are given in their stored forms
+        (``job.args``, the command line's JSON): each is decoded by its annotation to
+        check it, and stored in its canonical form.
     :param eager: run each job of a registered task at once with this worker, and
         return it as it is then.
     :returns: the jobs, in the order of ``calls``; a call whose idempotency key is held
@@ -97,11 +102,11 @@ def enqueue(
             "enqueue_many writes many jobs, and one idempotency_key cannot name them all; "
             "give each job its own with Call(args, kwargs, idempotency_key=...)."
         )
-    encoded = _encode_calls(store, found, calls, many, options.idempotency_key)
+    rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded)
     if many:
-        made = store.enqueue_many(name, encoded, options)
+        made = store.enqueue_many(name, rows, options)
     else:
-        ((payload, key, limit),) = encoded
+        ((payload, key, limit),) = rows
         if (key, limit) != (options.idempotency_key, options.concurrency_key):
             options = dataclasses.replace(options, idempotency_key=key, concurrency_key=limit)
         made = [store.enqueue(name, payload, options)]
@@ -118,6 +123,7 @@ def _encode_calls(
     calls: Iterable[CallLike],
     many: bool,
     default_key: str | None,
+    encoded: bool = False,
 ) -> list[Encoded]:
     """Check and encode every call before anything is written; the first bad call
     raises (naming its index with ``many``)."""
@@ -126,7 +132,7 @@ def _encode_calls(
             f"enqueue_many takes a list of calls, each Call(args, kwargs) or an "
             f"(args, kwargs) tuple; got {calls!r}."
         )
-    encoded = []
+    rows = []
     for index, item in enumerate(calls):
         where = f"calls[{index}]" if many else ""
         if isinstance(item, Call):
@@ -139,18 +145,22 @@ def _encode_calls(
                 "(args, kwargs) tuple."
             )
         try:
-            encoded.append(_encode_call(store, task, call, default_key))
+            rows.append(_encode_call(store, task, call, default_key, encoded))
         except (TypeError, ValueError) as exc:
             if where:
                 _name_the_call(exc, where)
             raise
-    if not many and len(encoded) != 1:
-        raise TypeError(f"enqueue writes one job; got {len(encoded)} calls.")
-    return encoded
+    if not many and len(rows) != 1:
+        raise TypeError(f"enqueue writes one job; got {len(rows)} calls.")
+    return rows
 
 
 def _encode_call(
-    store: Store, task: Task[Any, Any] | None, call: Call, default_key: str | None
+    store: Store,
+    task: Task[Any, Any] | None,
+    call: Call,
+    default_key: str | None,
+    encoded: bool = False,
 ) -> Encoded:
     args, kwargs, key = call.args, call.kwargs, call.idempotency_key
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
@@ -158,7 +168,14 @@ def _encode_call(
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a dict of keyword arguments, got {kwargs!r}.")
     key = default_key if key is None else check_key(key, "idempotency_key")
-    payload = encode_payload(args, kwargs)
+    codec = None if task is None else task.codec
+    if codec is None:
+        payload = encode_payload(args, kwargs)
+    else:
+        # The signature check and the concurrency key see the values the task will get.
+        if encoded:
+            args, kwargs = codec.decode(args, kwargs)
+        payload = encode_payload(*codec.encode(args, kwargs))
     if task is None:
         limit = None
     else:

@@ -491,7 +491,9 @@ def _run(runtime: ChildRuntime, message: tuple[Any, ...]) -> tuple[Any, ...]:
         with runtime.job_context():
             reset = _current.set(ctx)
             try:
-                outcome = _success(run_to_end(task.fn, args, kwargs))
+                # Decoded here: what crosses the pipe is the stored JSON, never the
+                # values (the parent decoded them once already, to refuse a bad row).
+                outcome = _success(run_to_end(task.fn, *task.decode(args, kwargs)))
             except _Terminated:
                 raise
             except BaseException as exc:  # a task's SystemExit must not end the child

@@ -134,8 +134,8 @@ def enqueue_slot(
     task's concurrency key too."""
     # run_at is the slot itself: a late or backfilled slot runs at once, in slot order.
     options = EnqueueOptions(idempotency_key=schedule.key(slot), run_at=slot, session=conn)
-    args, kwargs = decode_payload(schedule.payload)
-    (job,) = enqueue(store, task, [Call(args, kwargs)], options)
+    args, kwargs = decode_payload(schedule.payload)  # the stored forms of typed arguments
+    (job,) = enqueue(store, task, [Call(args, kwargs)], options, encoded=True)
     return job
 
 

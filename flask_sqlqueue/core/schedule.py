@@ -13,6 +13,7 @@ from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from datetime import UTC
@@ -26,7 +27,9 @@ from zoneinfo import ZoneInfoNotFoundError
 from cronsim import CronSim
 from cronsim import CronSimError
 
+from ..exceptions import ArgumentTypeError
 from ..exceptions import ConfigurationError
+from .arguments import codec_for
 from .options import misfit
 from .options import signature_of
 from .payload import encode_payload
@@ -128,20 +131,28 @@ class Schedule:
             raise ConfigurationError(f"args={args!r} must be a list of arguments.")
         args = tuple(args)
         kwargs = dict(kwargs or {})
+        stored: tuple[Sequence[Any], Mapping[str, Any]] = (args, kwargs)
         if fn is not None:
-            # The check every enqueue of the task makes, at declaration.
-            reason = misfit(signature_of(fn), args, kwargs)
+            # The checks every enqueue of the task makes, at declaration.
+            signature = signature_of(fn)
+            reason = misfit(signature, args, kwargs)
             if reason is not None:
                 raise ConfigurationError(
                     f"Periodic task {task!r}: args={list(args)!r} kwargs={kwargs!r} do not fit "
                     f"its signature: {reason}."
                 )
+            codec = codec_for(fn, signature)
+            if codec is not None:
+                try:
+                    stored = codec.encode(args, kwargs)
+                except ArgumentTypeError as exc:
+                    raise ConfigurationError(f"Periodic task {task!r}: {exc}") from None
         return cls(
             task=task,
             expression=expression,
             timezone=timezone,
             zone=zone,
-            payload=encode_payload(args, kwargs),
+            payload=encode_payload(*stored),
             backfill=backfill,
             backfill_limit=backfill_limit,
             backfill_window=backfill_window,

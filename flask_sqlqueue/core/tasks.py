@@ -22,6 +22,8 @@ from typing import TypeVar
 from sqlalchemy.engine import Connection
 
 from ..exceptions import DuplicateTask
+from .arguments import ArgumentCodec
+from .arguments import codec_for
 from .jobs import Job
 from .lifecycle import BackoffFunc
 from .limits import TaskLimits
@@ -83,6 +85,9 @@ class Task(Generic[P, R]):
         self.name = check_task_name(name)
         #: What each enqueue's arguments are checked against (read once, here).
         self.signature = signature_of(fn)
+        #: Encodes and decodes the arguments of parameters annotated with a type JSON
+        #: lacks (docs/arguments.md); ``None`` when no parameter is.
+        self.codec: ArgumentCodec | None = codec_for(fn, self.signature)
         #: The task's defaults for queue, priority and max_attempts.
         self.options = options
         self.backoff = backoff
@@ -105,7 +110,8 @@ class Task(Generic[P, R]):
         """Write a job that runs this task with these arguments; committed on return.
 
         :raises TypeError: the function could not take these arguments, or one is not
-            plain JSON (:class:`~flask_sqlqueue.PayloadError`); nothing is written.
+            plain JSON (:class:`~flask_sqlqueue.PayloadError`), or does not fit its
+            parameter's annotation (docs/arguments.md); nothing is written.
         :raises ValueError: a value would not round-trip unchanged, or the arguments
             are larger than the database stores in one value; nothing is written.
         """
@@ -170,6 +176,15 @@ class Task(Generic[P, R]):
             depends_on=depends_on,
         )
         return BoundTask(self, self.options.merged(extra))
+
+    def decode(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The values a job's stored arguments stand for, as the function is called with.
+
+        :raises ~flask_sqlqueue.exceptions.ArgumentDecodeError: one does not decode by
+            its parameter's annotation (a ``ValueError``).
+        """
+        codec = self.codec
+        return (args, kwargs) if codec is None else codec.decode(args, kwargs)
 
     def __repr__(self) -> str:
         return f"<Task {self.name}>"

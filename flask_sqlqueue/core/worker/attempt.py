@@ -166,6 +166,13 @@ class Runner:
             return NotRun("MalformedPayload", str(exc), dead=True)
         if task is None:  # cannot happen for claimed rows; never drop the job if it does
             return NotRun("UnknownTask", job.task, dead=False)
+        try:
+            values = task.decode(args, kwargs)
+        except Exception as exc:  # a typed argument edited into nonsense, say
+            log.error(
+                "%s: malformed arguments, job is dead: %s", attempt.label, exc, extra=attempt.extra
+            )
+            return NotRun("MalformedPayload", str(exc), dead=True)
         ctx = attempt.context(self._store, self._worker_id())
         log.info("%s: started", attempt.label, extra=attempt.extra)
         started = time.monotonic()
@@ -175,7 +182,7 @@ class Runner:
                 reset = _current.set(ctx)
                 try:
                     signals.send(signals.job_started, self._store.signal_sender, job=ctx)
-                    ended = (True, self._call(task, ctx, attempt.label, args, kwargs))
+                    ended = (True, self._call(task, ctx, attempt.label, (args, kwargs), values))
                 except BaseException as exc:  # a task's SystemExit must not end the worker
                     ended = (False, exc)
                 finally:
@@ -242,15 +249,18 @@ class Runner:
         task: Task[Any, Any],
         ctx: JobContext,
         label: str,
-        args: Any,
-        kwargs: Any,
+        stored: tuple[list[Any], dict[str, Any]],
+        values: tuple[list[Any], dict[str, Any]],
     ) -> Any:
-        """Run one attempt: in a child process when isolated, else on this thread."""
+        """Run one attempt: in a child process when isolated, else on this thread. A child
+        gets the ``stored`` arguments, plain JSON, and decodes them itself; a thread calls
+        the task with their ``values``."""
         if self.isolated(task):
             assert self._isolation is not None
             return self._isolation.run(
-                ctx, args, kwargs, task.timeout, functools.partial(self._cancel_asked, ctx.id)
+                ctx, *stored, task.timeout, functools.partial(self._cancel_asked, ctx.id)
             )
+        args, kwargs = values
         if task.timeout is None:
             return run_to_end(task.fn, args, kwargs)
         # A thread cannot be stopped: an overrun is reported, and the outcome recorded
