@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 from ..config import default
 from ..exceptions import SQLQueueError
 from .dialects import DialectOps
+from .dialects.base import complete_one
 from .liveness import BootClock
 from .liveness import BootCutoff
 from .liveness import elsewhere
@@ -123,29 +124,9 @@ def _claimed(job_id: int, token: str) -> Any:
     return sa.and_(jobs.c.id == job_id, jobs.c.status == RUNNING, jobs.c.claim_token == token)
 
 
-# complete(), bound per call. Every statement of the hot path is built once: building one
-# cost more than running it (the batch's are in the dialects: DialectOps.complete_claimed).
-_COMPLETE_EACH = (
-    sa.update(jobs)
-    .where(
-        jobs.c.id == sa.bindparam("b_id"),
-        jobs.c.status == RUNNING,
-        jobs.c.claim_token == sa.bindparam("b_token"),
-    )
-    .values(
-        status=COMPLETED,
-        result=sa.bindparam("b_result", type_=jobs.c.result.type),
-        finished_at=sa.bindparam("b_now", type_=jobs.c.finished_at.type),
-        updated_at=sa.bindparam("b_now", type_=jobs.c.updated_at.type),
-        claim_token=None,
-    )
-)
-
-
 def complete(conn: Connection, job_id: int, token: str, result: str | None, now: datetime) -> bool:
     """Finish a running attempt successfully. ``False`` if the claim was lost."""
-    params = {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
-    return conn.execute(_COMPLETE_EACH, params).rowcount == 1
+    return bool(complete_one(conn, (job_id, token, result), now))
 
 
 def complete_many(
@@ -157,14 +138,12 @@ def complete_many(
     exactly as :func:`complete` fences one. Returns the ids that were completed; any
     other lost its claim and nothing was written for it.
 
-    One statement for the batch, the best each database has (``ops.complete_claimed``),
-    with the jobs in id order, so that rows are locked in that order. A job listed twice
-    (a claim lost and the job claimed again) makes a second round: at most one of its
-    tokens can hold the claim.
+    One statement for the batch, the best each database has (``ops.complete_claimed``,
+    which also tells waiters where the database carries such news), with the jobs in id
+    order, so that rows are locked in that order. A job listed twice (a claim lost and
+    the job claimed again) makes a second round: at most one of its tokens can hold the
+    claim.
     """
-    if len(done) == 1:
-        job_id, token, result = done[0]
-        return {job_id} if complete(conn, job_id, token, result, now) else set()
     completed: set[int] = set()
     rounds: list[dict[int, tuple[int, str, str | None]]] = []
     for item in sorted(done, key=lambda item: item[0]):

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Row
 
 from ...config import Settings
 from ...exceptions import SQLQueueError
+from .. import wakeup
 from ..diagnosis import FAIL
 from ..diagnosis import OK
 from ..diagnosis import Finding
@@ -91,6 +92,30 @@ def claim_update(chosen: sa.ColumnElement[bool]) -> sa.Update:
     return sa.update(jobs).where(chosen).values(values).returning(*CLAIM_COLUMNS)
 
 
+#: The completion of one running attempt, fenced by its claim token, bound per call.
+#: Every statement of the hot path is built once: building one cost more than running it.
+COMPLETE_ONE = (
+    sa.update(jobs)
+    .where(
+        jobs.c.id == sa.bindparam("b_id"),
+        jobs.c.status == RUNNING,
+        jobs.c.claim_token == sa.bindparam("b_token"),
+    )
+    .values(
+        status=COMPLETED,
+        result=sa.bindparam("b_result", type_=jobs.c.result.type),
+        finished_at=sa.bindparam("b_now", type_=jobs.c.finished_at.type),
+        updated_at=sa.bindparam("b_now", type_=jobs.c.updated_at.type),
+        claim_token=None,
+    )
+)
+
+
+def complete_one_params(done: Done, now: datetime) -> dict[str, Any]:
+    job_id, token, result = done
+    return {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
+
+
 #: Most jobs one listed completion carries: a batch of a worker that claims ahead may
 #: hold hundreds, completed in statements of this many.
 LISTED_MOST = 128
@@ -150,6 +175,13 @@ def listed(done: Sequence[Done], now: datetime) -> Iterator[tuple[sa.Update, dic
             params[f"b_result{n}"] = result
             valued = valued or result is not None
         yield complete_listed(size, valued), params
+
+
+def complete_one(conn: Connection, done: Done, now: datetime) -> set[int]:
+    """:data:`COMPLETE_ONE`: ``{id}`` if it completed the job, else nothing."""
+    if conn.execute(COMPLETE_ONE, complete_one_params(done, now)).rowcount == 1:
+        return {done[0]}
+    return set()
 
 
 @functools.cache
@@ -266,8 +298,24 @@ class DialectOps:
     def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
         """Set ``wake`` whenever another process enqueues, until ``stop`` is set.
 
-        Runs on a thread of its own. Default: return at once; polling finds new jobs.
+        Runs on a thread of its own. Default: the same-host sockets of :meth:`wake_dir`
+        (``core/wakeup.py``); without them, return at once: polling finds new jobs.
         """
+        wakeup.listen(self.wake_dir(engine.url), wake, stop)
+
+    def notify_finished(self, conn: Connection, ids: Sequence[int]) -> None:
+        """Tell the processes waiting for jobs (``Job.wait``), on commit, that the jobs
+        ``ids`` finished, where the database carries such news to other hosts. Default:
+        nothing here; after the commit, ``Store.finished`` tells this host's waiters."""
+
+    def listen_finished(
+        self, engine: Engine, finished: wakeup.Finished, stop: threading.Event
+    ) -> None:
+        """Pass the ids of the jobs that finish to ``finished`` until ``stop`` is set
+        (``None`` once listening: anything may have finished before). Runs on a thread of
+        its own. Default: the same-host sockets of :meth:`wake_dir`; without them, return
+        at once: waiters recheck the database."""
+        wakeup.listen_finished(wakeup.waiters_dir(self.wake_dir(engine.url)), finished, stop)
 
     def is_deadlock(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the database ending a transaction to break a deadlock.
@@ -380,10 +428,14 @@ class DialectOps:
         """Complete the running attempts of ``done``, each fenced by its own claim token
         exactly as a single completion is, in one statement; return the ids completed.
         A job whose claim was lost gets nothing written. Rows are locked in id order
-        (every id of ``done`` is distinct, and sorted by the caller).
+        (every id of ``done`` is distinct, and sorted by the caller). Where the database
+        carries news to waiters (:meth:`notify_finished`), the statement tells them too.
 
-        Default: :func:`complete_listed` with ``RETURNING id`` (SQLite).
+        Default: one job, :data:`COMPLETE_ONE`; more, :func:`complete_listed` with
+        ``RETURNING id`` (SQLite).
         """
+        if len(done) == 1:
+            return complete_one(conn, done[0], now)
         completed: set[int] = set()
         for stmt, params in listed(done, now):
             completed.update(conn.execute(_returning_id(stmt), params).scalars())
