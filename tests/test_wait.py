@@ -1,4 +1,4 @@
-"""``job.wait()`` on every backend.
+"""``job.wait()`` and ``await job.async_wait()``, and ``aenqueue``, on every backend.
 
 A wait returns once its job is completed, dead or cancelled. Every write that finishes
 a job wakes its waiters at once (PostgreSQL: NOTIFY; SQLite and MariaDB: a datagram to
@@ -10,6 +10,7 @@ waiter listens, so the wait's first read cannot find it finished already.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
 import subprocess
@@ -29,6 +30,7 @@ from flask import Flask
 
 from flask_sqlqueue import Job
 from flask_sqlqueue import JobStatus
+from flask_sqlqueue import QueueNotSetUp
 from flask_sqlqueue.config import Settings
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import operations
@@ -167,6 +169,8 @@ def test_wait_refuses_bad_arguments(
         job = c.add.enqueue(1, 2)
     with pytest.raises(error, match=message):
         job.wait(**options)
+    with pytest.raises(error, match=message):
+        asyncio.run(job.async_wait(**options))
     assert not store_of(control_app).waiters._events  # refused before waiting
 
 
@@ -456,6 +460,80 @@ def c_statements(store: Store) -> Iterator[list[str]]:
         yield seen
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", record)
+
+
+# -- asyncio ---------------------------------------------------------------------------------
+
+
+def test_aenqueue_and_async_wait(control_app: Flask) -> None:  # noqa: F811
+    app = control_app
+
+    async def produce_and_wait() -> list[Any]:
+        jobs_ = [
+            await c.add.aenqueue(2, 3),
+            await c.add.using(priority=5).aenqueue(1, 1),
+            await c.queue.aenqueue("control.add", args=[4], kwargs={"b": 4}),
+        ]
+        done = await asyncio.gather(*(job.async_wait(timeout=scaled(30)) for job in jobs_))
+        assert done == jobs_  # each the caller's Job, refreshed in place
+        return [(job.status, job.result, job.priority) for job in done]
+
+    with c.running_worker(app), app.app_context():
+        assert asyncio.run(produce_and_wait()) == [
+            (JobStatus.COMPLETED, 5, 0),
+            (JobStatus.COMPLETED, 2, 5),
+            (JobStatus.COMPLETED, 8, 0),
+        ]
+
+
+def test_aenqueue_runs_in_the_callers_app_context(control_app: Flask) -> None:  # noqa: F811
+    # As enqueue: without an app context there is no queue to write to.
+    with pytest.raises(QueueNotSetUp):
+        asyncio.run(c.add.aenqueue(1, 2))
+    with control_app.app_context():
+        job = asyncio.run(c.add.aenqueue(1, 2))
+    assert job.refresh().status is JobStatus.PENDING
+
+
+def test_async_wait_is_woken_without_polling(control_app: Flask) -> None:  # noqa: F811
+    app = control_app
+    job = _held(app, c.add, 20, 22)
+    resumed: list[float] = []
+
+    async def wait() -> Job:
+        waiter = asyncio.ensure_future(job.async_wait(timeout=scaled(30), poll_interval=NEVER))
+        while not store_of(app).waiters.listening.is_set():
+            await asyncio.sleep(0.01)
+        resumed.append(time.monotonic())
+        await asyncio.to_thread(_resume, app)
+        return await waiter
+
+    with c.running_worker(app, poll_interval=NEVER):
+        assert asyncio.run(wait()).result == 42
+    assert time.monotonic() - resumed[0] < scaled(10)
+
+
+def test_an_async_wait_times_out_or_is_cancelled_and_leaves_nothing(control_app: Flask) -> None:  # noqa: F811
+    app = control_app
+    with app.app_context():
+        job = c.add.using(delay=3600).enqueue(1, 2)
+
+    with pytest.raises(TimeoutError, match=f"Job {job.id} did not finish"):
+        asyncio.run(job.async_wait(timeout=0.2, poll_interval=0.05))
+
+    async def give_up() -> None:
+        await asyncio.wait_for(job.async_wait(poll_interval=NEVER), 0.3)
+
+    with pytest.raises(TimeoutError):
+        asyncio.run(give_up())
+    # The cancelled wait's thread stops at once (it would else wait for good), and with
+    # it the listener.
+    wait_for(
+        lambda: not any(t.name.startswith("sqlqueue-wait") for t in threading.enumerate()),
+        "the abandoned wait's thread to stop",
+        timeout=scaled(10),
+    )
+    assert not store_of(app).waiters._events
 
 
 def test_a_job_not_read_from_a_queue_cannot_be_waited_for() -> None:

@@ -3,6 +3,8 @@ or waited for with :meth:`Job.wait` until it finishes."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import math
 import threading
 from dataclasses import dataclass
@@ -124,6 +126,54 @@ class Job:
         timeout, poll_interval = _wait_options(timeout, poll_interval)
         fresh = self._queue().wait_finished(self.id, timeout, poll_interval)
         assert fresh is not None  # only an abandoned wait returns None
+        return self._take(fresh)
+
+    async def async_wait(self, timeout: float | None = None, *, poll_interval: float = 1.0) -> Job:
+        """:meth:`wait` for asyncio code: ``job = await job.async_wait(30)``.
+
+        The event loop is not blocked: the wait runs on a thread of its own (not the
+        loop's default executor, whose few threads long waits would all hold), in a copy
+        of the caller's context (its Flask app context and context variables). If the
+        awaiting task is cancelled, the thread stops waiting at its next wake-up or
+        recheck of the database.
+        """
+        timeout, poll_interval = _wait_options(timeout, poll_interval)
+        source = self._queue()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Job | None] = loop.create_future()
+        wake, abandon = threading.Event(), threading.Event()
+
+        def settle(value: Job | None, error: BaseException | None) -> None:
+            if future.done():
+                return  # cancelled meanwhile
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def wait() -> None:
+            value, error = None, None
+            try:
+                value = source.wait_finished(
+                    self.id, timeout, poll_interval, wake=wake, abandon=abandon
+                )
+            except BaseException as exc:
+                error = exc
+            try:
+                loop.call_soon_threadsafe(settle, value, error)
+            except RuntimeError:
+                pass  # the loop is closed: nobody awaits this any more
+
+        context = contextvars.copy_context()
+        threading.Thread(
+            target=context.run, args=(wait,), name=f"sqlqueue-wait-{self.id}", daemon=True
+        ).start()
+        try:
+            fresh = await future
+        finally:
+            abandon.set()
+            wake.set()
+        assert fresh is not None
         return self._take(fresh)
 
     def _queue(self) -> JobSource:

@@ -21,6 +21,7 @@ from typing import TypeVar
 from sqlalchemy.engine import Connection
 
 from ..exceptions import DuplicateTask
+from .aio import in_thread
 from .jobs import Job
 from .lifecycle import BackoffFunc
 from .limits import TaskLimits
@@ -109,6 +110,16 @@ class Task(Generic[P, R]):
             are larger than the database stores in one value; nothing is written.
         """
         return _enqueue_one(self, args, kwargs, self.options)
+
+    aenqueue = in_thread(
+        enqueue,
+        """:meth:`enqueue` for asyncio code: ``job = await send_report.aenqueue(email, 42)``.
+
+        The same enqueue, run on a thread of the event loop's default executor in a copy
+        of the caller's context (the app context included), so the loop is not blocked
+        while the job is written. Errors are :meth:`enqueue`'s.
+        """,
+    )
 
     def enqueue_many(self, calls: Iterable[CallLike]) -> list[Job]:
         """Write one job per call, all in one transaction; committed on return.
@@ -207,6 +218,8 @@ class BoundTask(Generic[P, R]):
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> Job:
         """:meth:`Task.enqueue` with these options."""
         return _enqueue_one(self.task, args, kwargs, self.options)
+
+    aenqueue = in_thread(enqueue, """:meth:`Task.aenqueue` with these options.""")
 
     def enqueue_many(self, calls: Iterable[CallLike]) -> list[Job]:
         """:meth:`Task.enqueue_many` with these options (``session=`` included: the
