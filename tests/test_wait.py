@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextlib import nullcontext
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -543,3 +545,22 @@ def test_a_job_not_read_from_a_queue_cannot_be_waited_for() -> None:
     )  # fmt: skip
     with pytest.raises(RuntimeError, match="not read from a queue"):
         job.wait(timeout=1)
+
+
+def test_the_example_of_docs_workflows_runs(tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "workflows.md").read_text()
+    section = text[text.index("## Waiting for a result") :]
+    example = section.split("```python\n", 1)[1].split("```", 1)[0]
+    out = subprocess.run(
+        [sys.executable, "-c", example],
+        cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "completed 5",
+        "Job 2 did not finish within 0.5 seconds; it is pending.",
+    ]
