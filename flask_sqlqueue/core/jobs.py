@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 from typing import Protocol
 
+from ..bounds import positive_seconds
 from .models import JobStatus
 from .payload import decode_payload
 from .payload import decode_value
@@ -213,16 +214,8 @@ def _wait_options(timeout: object, poll_interval: object) -> tuple[float | None,
                 f"timeout must be 0 or more seconds (None waits for as long as it takes); "
                 f"got {timeout!r}."
             )
-    if (
-        isinstance(poll_interval, bool)
-        or not isinstance(poll_interval, int | float)
-        or not math.isfinite(poll_interval)
-        or poll_interval <= 0
-    ):
-        raise ValueError(
-            f"poll_interval must be a positive number of seconds, like 1.0; got {poll_interval!r}."
-        )
-    return (None if timeout is None else float(timeout)), float(poll_interval)
+    poll = positive_seconds(poll_interval, "poll_interval", "1.0")
+    return (None if timeout is None else float(timeout)), poll
 
 
 def _decode_or_text(text: str | None) -> Any:

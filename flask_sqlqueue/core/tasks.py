@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from collections.abc import Iterable
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import TypeVar
 
 from sqlalchemy.engine import Connection
 
+from ..bounds import positive_seconds
 from ..exceptions import DuplicateTask
 from .aio import in_thread
 from .jobs import Job
@@ -195,17 +195,8 @@ class TaskOptions(TypedDict, total=False):
 
 def check_timeout(timeout: object) -> None:
     """Refuse a task timeout that is not a positive, finite number of seconds."""
-    if timeout is None:
-        return
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
-        raise ValueError(
-            f"timeout must be a positive number of seconds, like timeout=30; got {timeout!r}."
-        )
+    if timeout is not None:
+        positive_seconds(timeout, "timeout", "30")
 
 
 class BoundTask(Generic[P, R]):
