@@ -61,16 +61,18 @@ def waiters_dir(folder: Path | None) -> Path | None:
 
 def broadcast(folder: Path | None) -> None:
     """Wake every worker listening on this database."""
-    _send(folder, [b"!"])
+    _send(folder, _sockets(folder), [b"!"])
 
 
 def tell_finished(folder: Path | None, ids: Collection[int]) -> None:
     """Tell every process waiting on this host (its socket in ``folder``, a
-    :func:`waiters_dir`) that the jobs ``ids`` finished. Nothing is sent, and no socket
-    is made, when no process waits."""
-    if folder is None or not ids:
+    :func:`waiters_dir`) that the jobs ``ids`` finished. When no process waits, this is
+    one look at the folder: no message is made, no socket opened."""
+    if not ids:
         return
-    _send(folder, list(encode_ids(ids)))
+    sockets = _sockets(folder)
+    if sockets:
+        _send(folder, sockets, list(encode_ids(ids)))
 
 
 def encode_ids(ids: Iterable[int]) -> Iterator[bytes]:
@@ -94,20 +96,24 @@ def decode_ids(message: bytes | str) -> list[int] | None:
         return None
 
 
-def _send(folder: Path | None, messages: list[bytes]) -> None:
-    """Send each of ``messages`` to every socket in ``folder``."""
+def _sockets(folder: Path | None) -> list[str]:
+    """The names of the sockets in ``folder`` (none if it does not exist)."""
     if folder is None:
-        return
+        return []
     try:
-        names = os.listdir(folder)
+        return os.listdir(folder)
     except FileNotFoundError:
-        return
-    if not names:
+        return []
+
+
+def _send(folder: Path | None, names: list[str], messages: list[bytes]) -> None:
+    """Send each of ``messages`` to each socket ``names`` in ``folder``."""
+    if folder is None or not names:
         return
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
         sender.setblocking(False)
         for name in names:
-            path = str(folder / name)
+            path = os.path.join(folder, name)
             try:
                 for message in messages:
                     sender.sendto(message, path)
