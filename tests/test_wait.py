@@ -33,6 +33,7 @@ from flask import Flask
 from flask_sqlqueue import Job
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import QueueNotSetUp
+from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.config import Settings
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import operations
@@ -50,6 +51,7 @@ from tests.control_app import control_app  # noqa: F401  (fixture)
 from tests.waiting import WAIT
 from tests.waiting import scaled
 from tests.waiting import wait_for
+from tests.workers import running
 
 #: A waiter's poll interval that no test waits out: only a wake-up returns it in time.
 NEVER = 10 * WAIT
@@ -295,6 +297,29 @@ def test_a_running_job_stopped_by_its_cancellation_wakes_the_waiter(control_app:
             asked = time.monotonic()
             _cancel(app, job)  # asked to stop; it stops when it next checks
     assert woken(waiter, asked).status is JobStatus.CANCELLED
+
+
+def test_a_job_handed_back_at_shutdown_after_its_cancellation_wakes_the_waiter(
+    control_app: Flask,  # noqa: F811
+) -> None:
+    app = control_app
+    with app.app_context():
+        job = c.waits.enqueue()  # runs until the test lets it go: past the grace period
+    worker = c.queue.worker(WorkerOptions(grace=0.2, poll_interval=0.05), app)
+    with waiting(app, job) as waiter:
+        with running(worker):
+            assert c.started.wait(WAIT)
+            _cancel(app, job)  # asked to stop; this task never checks
+            stopping = time.monotonic()
+        # Stopped: the job is handed back after the grace period, and ends cancelled.
+        assert woken(waiter, stopping).status is JobStatus.CANCELLED
+    # The task returns at last; its late outcome finds its claim gone and changes nothing.
+    c.go.set()
+    wait_for(
+        lambda: not any(t.name.startswith("sqlqueue-job") for t in threading.enumerate()),
+        "the task's thread to end",
+    )
+    assert job.refresh().status is JobStatus.CANCELLED
 
 
 def test_a_worker_in_another_process_wakes_the_waiter(make_app: Any, database_uri: str) -> None:
