@@ -2,11 +2,13 @@
 
 Standard library only, like ``exceptions``: the core uses it to check ``delay`` and
 ``run_at`` at enqueue, and :class:`~flask_sqlqueue.Retry` to check its delay where the
-task raises it.
+task raises it; and the spans of time given as a positive number of seconds (a task's
+timeout, a wait's poll interval).
 """
 
 from __future__ import annotations
 
+import math
 from datetime import UTC
 from datetime import datetime
 from datetime import timedelta
@@ -32,3 +34,18 @@ def time_after(now: datetime, seconds: float) -> datetime:
     if not seconds < longest_delay(now):
         return LATEST_RUN_AT
     return now + timedelta(seconds=seconds)
+
+
+def positive_seconds(value: object, name: str, example: str) -> float:
+    """``value`` as a positive, finite number of seconds; else ``ValueError`` naming
+    ``name`` and showing ``name=example``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(
+            f"{name} must be a positive number of seconds, like {name}={example}; got {value!r}."
+        )
+    return float(value)

@@ -33,6 +33,7 @@ from . import schema
 from .config import DEFAULTS
 from .config import Settings
 from .core import operations
+from .core.aio import in_thread
 from .core.enqueue import Call
 from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
@@ -386,6 +387,14 @@ class QueueExtension:
             many=False, unregistered=unregistered, encoded=encoded,
         )  # fmt: skip
         return job
+
+    aenqueue = in_thread(
+        enqueue,
+        """:meth:`enqueue` for asyncio code: ``job = await queue.aenqueue("reports.send",
+        args=[email, 42])``, run on a thread of the event loop's default executor in a
+        copy of the caller's context (its app context included). Errors are
+        :meth:`enqueue`'s.""",
+    )
 
     def enqueue_many(
         self,

@@ -258,7 +258,7 @@ def _jobs(state: QueueState, condition: Any, limit: int | None = None) -> list[J
     if limit is not None:
         query = query.limit(limit)
     with state.store.read() as conn:
-        return [Job.from_row(row, state.store.get_job) for row in conn.execute(query)]
+        return [Job.from_row(row, state.store) for row in conn.execute(query)]
 
 
 def _task_name(task: Task[Any, Any] | str) -> str:

@@ -224,17 +224,17 @@ def test_an_unexpected_error_while_recording_hands_the_job_back(
     while its worker heartbeats on: the attempt counts as failed and the job runs again."""
     from flask_sqlqueue.core import lifecycle
 
-    real = lifecycle.complete
+    real = lifecycle.complete_many
     calls = []
 
-    def broken_once(*args: Any, **kwargs: Any) -> bool:
+    def broken_once(*args: Any, **kwargs: Any) -> set[int]:
         calls.append(args)
         # Fails with the next claim, then again when recorded on its own.
         if len(calls) <= 2:
             raise RuntimeError("a bug in recording")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "complete", broken_once)
+    monkeypatch.setattr(lifecycle, "complete_many", broken_once)
     app = make_app()
     with app.app_context(), caplog.at_level(logging.WARNING, logger="flask_sqlqueue"):
         job = sample_app.add.enqueue(2, 3)

@@ -240,10 +240,12 @@ def test_successes_recorded_without_a_claim_free_their_slots_and_wake_the_dispat
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     completed = {7}  # what the fenced write finds still claimed: job 8 was rescued
+    told: list[int] = []  # the jobs whose waiters on this host are told they finished
     store: Any = SimpleNamespace(
         run_write=lambda fn, within: completed,
         value_size=lambda text: None,
         signal_sender=None,
+        finished=told.extend,
     )
     slots, wake = Slots(), threading.Event()
     outcomes = Outcomes(
@@ -269,6 +271,7 @@ def test_successes_recorded_without_a_claim_free_their_slots_and_wake_the_dispat
     assert slots.count() == 0 and wake.is_set()
     assert "job=7 task=shop.send attempt=2/5: completed in 0.250s" in caplog.text
     assert "job=8 task=shop.send attempt=2/5: lost its claim" in caplog.text
+    assert told == [7]
     assert outcomes.take_batch() == []
 
 

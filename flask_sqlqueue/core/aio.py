@@ -13,12 +13,16 @@ seen inside the coroutine, and its exceptions (``Retry``, ``PermanentFailure``,
 One attempt per loop keeps async tasks exactly as concurrent as sync ones (one per job
 thread or child). Running many attempts on one loop would replace :func:`run_to_end` for
 async tasks and nothing else.
+
+Producers in asyncio code (``await task.aenqueue(...)``) call the same enqueue as
+everyone, on a thread (:func:`in_thread`): one path from calls to rows, whoever calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import threading
 from collections.abc import Callable
@@ -26,6 +30,11 @@ from collections.abc import Coroutine
 from collections.abc import Mapping
 from collections.abc import Sequence
 from typing import Any
+from typing import ParamSpec
+from typing import TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def run_to_end(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
@@ -61,3 +70,20 @@ def run_coroutine(coro: Coroutine[Any, Any, Any]) -> Any:
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def in_thread(fn: Callable[P, R], doc: str) -> Callable[P, Coroutine[Any, Any, R]]:
+    """``fn`` for asyncio code, as a coroutine function documented by ``doc``: awaiting
+    it runs ``fn`` on a thread of the event loop's default executor
+    (:func:`asyncio.to_thread`), in a copy of the caller's context, so the Flask app
+    context and ``contextvars`` the caller set are seen there, and the loop is not
+    blocked meanwhile. For short calls (a thread is held until ``fn`` returns)."""
+
+    @functools.wraps(fn)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    run.__doc__ = doc
+    run.__name__ = f"a{fn.__name__}"
+    run.__qualname__ = f"{fn.__qualname__.rpartition('.')[0]}.a{fn.__name__}".lstrip(".")
+    return run

@@ -1,8 +1,12 @@
-"""The :class:`Job` users see: a plain snapshot of one row, re-read with :meth:`Job.refresh`."""
+"""The :class:`Job` users see: a plain snapshot of one row, re-read with :meth:`Job.refresh`,
+or waited for with :meth:`Job.wait` until it finishes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextvars
+import math
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from dataclasses import field
@@ -10,6 +14,7 @@ from datetime import datetime
 from typing import Any
 from typing import Protocol
 
+from ..bounds import positive_seconds
 from .models import JobStatus
 from .payload import decode_payload
 from .payload import decode_value
@@ -51,11 +56,11 @@ class Job:
     progress_message: str | None = None
     #: Why ``args``/``kwargs`` are empty, when the stored payload could not be decoded.
     payload_error: str | None = None
-    _loader: Callable[[int], Job | None] | None = field(default=None, repr=False)
+    _source: JobSource | None = field(default=None, repr=False)
 
     @classmethod
     def inserted(
-        cls, job_id: int, values: Mapping[str, Any], loader: Callable[[int], Job | None]
+        cls, job_id: int, values: Mapping[str, Any], source: JobSource
     ) -> Job:
         """The job just inserted with ``values`` (its columns), without reading it back.
         Its payload was encoded from checked JSON: it decodes."""
@@ -79,11 +84,11 @@ class Job:
             # A job that starts ended (a dependency already dead) has these.
             finished_at=values.get("finished_at"),
             last_error=values.get("last_error"),
-            _loader=loader,
+            _source=source,
         )
 
     @classmethod
-    def from_row(cls, row: Any, loader: Callable[[int], Job | None] | None = None) -> Job:
+    def from_row(cls, row: Any, source: JobSource | None = None) -> Job:
         payload_error = None
         try:
             args, kwargs = decode_payload(row.payload)
@@ -120,7 +125,7 @@ class Job:
             progress=getattr(row, "progress", None),
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
-            _loader=loader,
+            _source=source,
         )
 
     def refresh(self) -> Job:
@@ -128,14 +133,119 @@ class Job:
 
         :raises LookupError: the job no longer exists (it was deleted or purged).
         """
-        if self._loader is None:
-            raise RuntimeError("This Job was not read from a queue and cannot be refreshed.")
-        fresh = self._loader(self.id)
+        fresh = self._queue().get_job(self.id)
         if fresh is None:
             raise LookupError(f"Job {self.id} no longer exists.")
+        return self._take(fresh)
+
+    def wait(self, timeout: float | None = None, *, poll_interval: float = 1.0) -> Job:
+        """Wait until this job is ``completed``, ``dead`` or ``cancelled``; then return it
+        refreshed (``self``, re-read in place). Needs no app context.
+
+        The write that finishes a job wakes its waiters at once: PostgreSQL's NOTIFY on
+        any host, a datagram on this host for SQLite and MariaDB. The database is also
+        rechecked every ``poll_interval`` seconds, which is how a waiter on another
+        host than a MariaDB worker sees its job finished (docs/workflows.md).
+
+        :param timeout: seconds to wait at most; ``None`` waits for as long as it takes.
+        :param poll_interval: seconds between two rechecks of the database.
+        :raises TimeoutError: the job has not finished after ``timeout`` seconds.
+        :raises LookupError: the job no longer exists (it was deleted).
+        :raises ValueError: ``timeout`` is negative or not a number, or
+            ``poll_interval`` is not a positive number.
+        """
+        timeout, poll_interval = _wait_options(timeout, poll_interval)
+        fresh = self._queue().wait_finished(self.id, timeout, poll_interval)
+        assert fresh is not None  # only an abandoned wait returns None
+        return self._take(fresh)
+
+    async def async_wait(self, timeout: float | None = None, *, poll_interval: float = 1.0) -> Job:
+        """:meth:`wait` for asyncio code: ``job = await job.async_wait(30)``.
+
+        The event loop is not blocked: the wait runs on a thread of its own (not the
+        loop's default executor, whose few threads long waits would all hold), in a copy
+        of the caller's context (its Flask app context and context variables). If the
+        awaiting task is cancelled, the thread stops waiting at its next wake-up or
+        recheck of the database.
+        """
+        timeout, poll_interval = _wait_options(timeout, poll_interval)
+        source = self._queue()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Job | None] = loop.create_future()
+        wake, abandon = threading.Event(), threading.Event()
+
+        def settle(value: Job | None, error: BaseException | None) -> None:
+            if future.done():
+                return  # cancelled meanwhile
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        def wait() -> None:
+            value, error = None, None
+            try:
+                value = source.wait_finished(
+                    self.id, timeout, poll_interval, wake=wake, abandon=abandon
+                )
+            except BaseException as exc:
+                error = exc
+            try:
+                loop.call_soon_threadsafe(settle, value, error)
+            except RuntimeError:
+                pass  # the loop is closed: nobody awaits this any more
+
+        context = contextvars.copy_context()
+        threading.Thread(
+            target=context.run, args=(wait,), name=f"sqlqueue-wait-{self.id}", daemon=True
+        ).start()
+        try:
+            fresh = await future
+        finally:
+            abandon.set()
+            wake.set()
+        assert fresh is not None
+        return self._take(fresh)
+
+    def _queue(self) -> JobSource:
+        if self._source is None:
+            raise RuntimeError("This Job was not read from a queue and cannot be re-read.")
+        return self._source
+
+    def _take(self, fresh: Job) -> Job:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(fresh, name))
         return self
+
+
+class JobSource(Protocol):
+    """Where a :class:`Job` is re-read and waited for: the queue's store."""
+
+    def get_job(self, job_id: int) -> Job | None: ...
+
+    def wait_finished(
+        self,
+        job_id: int,
+        timeout: float | None,
+        poll_interval: float,
+        *,
+        wake: threading.Event | None = None,
+        abandon: threading.Event | None = None,
+    ) -> Job | None: ...
+
+
+def _wait_options(timeout: object, poll_interval: object) -> tuple[float | None, float]:
+    """``timeout`` and ``poll_interval`` of a wait, checked."""
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}.")
+        if math.isnan(timeout) or timeout < 0:
+            raise ValueError(
+                f"timeout must be 0 or more seconds (None waits for as long as it takes); "
+                f"got {timeout!r}."
+            )
+    poll = positive_seconds(poll_interval, "poll_interval", "1.0")
+    return (None if timeout is None else float(timeout)), poll
 
 
 def _decode_or_text(text: str | None) -> Any:

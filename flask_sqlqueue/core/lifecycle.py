@@ -27,6 +27,8 @@ from ..config import default
 from ..exceptions import SQLQueueError
 from . import dependencies
 from .dialects import DialectOps
+from .dialects.base import COMPLETE_ONE
+from .dialects.base import complete_one_params
 from .liveness import BootClock
 from .liveness import BootCutoff
 from .liveness import elsewhere
@@ -145,26 +147,7 @@ def _claimed(job_id: int, token: str) -> Any:
     return sa.and_(jobs.c.id == job_id, jobs.c.status == RUNNING, jobs.c.claim_token == token)
 
 
-# complete(), bound per call. Every statement of the hot path is built once: building one
-# cost more than running it (the batch's are in the dialects: DialectOps.complete_claimed).
-_COMPLETE_EACH = (
-    sa.update(jobs)
-    .where(
-        jobs.c.id == sa.bindparam("b_id"),
-        jobs.c.status == RUNNING,
-        jobs.c.claim_token == sa.bindparam("b_token"),
-    )
-    .values(
-        status=COMPLETED,
-        result=sa.bindparam("b_result", type_=jobs.c.result.type),
-        finished_at=sa.bindparam("b_now", type_=jobs.c.finished_at.type),
-        updated_at=sa.bindparam("b_now", type_=jobs.c.updated_at.type),
-        claim_token=None,
-    )
-)
-
-
-_COMPLETE_ALONE = _COMPLETE_EACH.where(sa.not_(jobs.c.has_dependents))
+_COMPLETE_ALONE = COMPLETE_ONE.where(sa.not_(jobs.c.has_dependents))
 
 
 def complete(
@@ -181,12 +164,12 @@ def complete(
 
     :param ops: to wake the workers (``NOTIFY`` on PostgreSQL) if it released any.
     """
-    params = {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
+    params = complete_one_params((job_id, token, result), now)
     # A job without dependents, as most are, in one statement; one with them (or whose
     # claim was lost) in a second, which reads the flag under the row's lock.
     if conn.execute(_COMPLETE_ALONE, params).rowcount == 1:
         return True
-    if conn.execute(_COMPLETE_EACH, params).rowcount != 1:
+    if conn.execute(COMPLETE_ONE, params).rowcount != 1:
         return False
     _released(conn, ops, dependencies.release(conn, [job_id], now))
     return True
@@ -207,14 +190,12 @@ def complete_many(
     exactly as :func:`complete` fences one. Returns the ids that were completed; any
     other lost its claim and nothing was written for it.
 
-    One statement for the batch, the best each database has (``ops.complete_claimed``),
-    with the jobs in id order, so that rows are locked in that order. A job listed twice
-    (a claim lost and the job claimed again) makes a second round: at most one of its
-    tokens can hold the claim.
+    One statement for the batch, the best each database has (``ops.complete_claimed``,
+    which also tells waiters where the database carries such news), with the jobs in id
+    order, so that rows are locked in that order. A job listed twice (a claim lost and
+    the job claimed again) makes a second round: at most one of its tokens can hold the
+    claim.
     """
-    if len(done) == 1:
-        job_id, token, result = done[0]
-        return {job_id} if complete(conn, job_id, token, result, now, ops=ops) else set()
     completed: set[int] = set()
     rounds: list[dict[int, tuple[int, str, str | None]]] = []
     for item in sorted(done, key=lambda item: item[0]):

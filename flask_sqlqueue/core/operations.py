@@ -8,6 +8,8 @@ poll interval: ``NOTIFY`` inside the transaction, delivered only if it commits, 
 workers listening on PostgreSQL on any host; then :meth:`Store.wake` once it has
 committed, for workers in this process and, on SQLite, on this host (MariaDB workers
 poll). Enqueueing has its own one path, :func:`.enqueue.enqueue`, which does the same.
+Every one that ends or deletes jobs (cancel, delete, rescue) wakes their waiters
+(``Job.wait``) the same two ways (:meth:`Store.run_finishing`).
 """
 
 from __future__ import annotations
@@ -92,18 +94,22 @@ def cancel(store: Store, ids: Sequence[int]) -> Cancellation:
     :raises InvalidTransition: an id is missing or its job finished; nothing changes.
     """
     now = store.now()
-    done: Cancellation = store.run_write(lambda conn: lifecycle.cancel_jobs(conn, ids, now))
+    done: Cancellation = store.run_finishing(
+        lambda conn: lifecycle.cancel_jobs(conn, ids, now), lambda done: done.cancelled
+    )
     return done
 
 
 def delete(store: Store, ids: Sequence[int]) -> int:
     """Delete jobs that are not running; a deleted job that had not finished cancels its
-    waiting dependents.
+    waiting dependents; waiters of the deleted jobs are woken (and learn it).
 
     :raises InvalidTransition: an id is missing or its job is running; nothing is deleted.
     """
     now = store.now()
-    deleted: int = store.run_write(lambda conn: lifecycle.delete(conn, ids, now))
+    deleted: int = store.run_finishing(
+        lambda conn: lifecycle.delete(conn, ids, now), lambda _deleted: sorted(set(ids))
+    )
     return deleted
 
 

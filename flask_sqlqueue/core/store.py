@@ -12,6 +12,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from collections.abc import Collection
 from collections.abc import Iterator
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -109,6 +110,10 @@ class Store:
             with _waiters_lock:
                 self._write_lock = _write_locks.setdefault(self.identity, threading.RLock())
         self._wake_dir = self.ops.wake_dir(engine.url)
+        #: The processes of this host waiting for jobs to finish (``Job.wait``) listen here.
+        self._waiters_dir = wakeup.waiters_dir(self._wake_dir)
+        #: This process's waiters, and the listener that wakes them.
+        self.waiters = wakeup.Waiters(self._listen_finished)
         # A database that is a file here (SQLite): the file the first connection opened,
         # and whether it has gone since (deleted: True, replaced: False); writes are
         # refused once it has.
@@ -359,7 +364,7 @@ class Store:
                 return self._new_job(job_id, values)
             existing = conn.execute(sa.select(jobs).where(jobs.c.idempotency_key == key)).first()
             if existing is not None:
-                return Job.from_row(existing, self.get_job)
+                return Job.from_row(existing, self)
             # The holder of the key was deleted between our insert and our read: try again.
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
 
@@ -397,7 +402,7 @@ class Store:
                 if holder is None:  # deleted between our insert and our read: try again
                     todo.append(index)
                 else:
-                    made[index] = Job.from_row(holder, self.get_job)
+                    made[index] = Job.from_row(holder, self)
             if not todo:
                 break
         else:
@@ -420,7 +425,7 @@ class Store:
 
     def _new_job(self, job_id: int, values: dict[str, Any]) -> Job:
         """The Job for a row just inserted with ``values`` (saves reading it back)."""
-        return Job.inserted(job_id, values, self.get_job)
+        return Job.inserted(job_id, values, self)
 
     def _caller_connection(self, target: Session | Connection) -> Connection:
         conn = target if isinstance(target, Connection) else target.connection()
@@ -528,7 +533,7 @@ class Store:
         :returns: ``(job id, new status, lost worker id)`` for each job taken back.
 
         Jobs it makes pending again wake the workers, as every write that makes a job
-        runnable does (``core/operations.py``).
+        runnable does (``core/operations.py``); those it ends wake their waiters.
         """
         now = self.now() if now is None else now
         stale_before = now - timedelta(seconds=stale_after)
@@ -544,7 +549,10 @@ class Store:
                 self.ops.notify(conn)
             return rescued
 
-        rescued: list[tuple[int, str, str]] = self.run_write(take, within=within)
+        def ended(rescued: list[tuple[int, str, str]]) -> list[int]:
+            return [job_id for job_id, status, _ in rescued if status != lifecycle.PENDING]
+
+        rescued: list[tuple[int, str, str]] = self.run_finishing(take, ended, within=within)
         if any(status == lifecycle.PENDING for _, status, _ in rescued):
             self.wake()
         return rescued
@@ -575,6 +583,7 @@ class Store:
         False)``); the parent's connections are kept aside, never used nor closed."""
         _inherited.append(self.engine.pool)
         self.engine.dispose(close=False)
+        self.waiters.forked()
         if self._write_lock is not None:
             with _waiters_lock:
                 self._write_lock = _write_locks.setdefault(self.identity, threading.RLock())
@@ -584,7 +593,84 @@ class Store:
     def get_job(self, job_id: int) -> Job | None:
         with self.read() as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
-        return None if row is None else Job.from_row(row, self.get_job)
+        return None if row is None else Job.from_row(row, self)
+
+    # -- waiting for jobs to finish --------------------------------------------------------
+
+    def wait_finished(
+        self,
+        job_id: int,
+        timeout: float | None,
+        poll_interval: float,
+        *,
+        wake: threading.Event | None = None,
+        abandon: threading.Event | None = None,
+    ) -> Job | None:
+        """Return the job once it is finished (``completed``, ``dead`` or ``cancelled``),
+        as read then (what ``Job.wait`` does).
+
+        The job is read when the wait starts, whenever a write that finishes it may have
+        been made (:attr:`waiters` wakes ``wake``), and every ``poll_interval`` seconds
+        whatever happens: a lost wake-up delays the wait, it never loses it.
+
+        :param abandon: once set (and ``wake`` with it), the wait returns ``None``.
+        :raises TimeoutError: not finished after ``timeout`` seconds.
+        :raises LookupError: the job no longer exists.
+        """
+        wake = threading.Event() if wake is None else wake
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.waiters.watch(job_id, wake):
+            while True:
+                # Cleared before the read: a wake-up that comes after it is kept.
+                wake.clear()
+                if abandon is not None and abandon.is_set():
+                    return None
+                job = self.get_job(job_id)
+                if job is None:
+                    raise LookupError(f"Job {job_id} no longer exists.")
+                if job.status in lifecycle.FINISHED:
+                    return job
+                pause = poll_interval
+                if deadline is not None:
+                    pause = min(pause, deadline - time.monotonic())
+                    if pause <= 0:
+                        raise TimeoutError(
+                            f"Job {job_id} did not finish within {timeout:g} seconds; "
+                            f"it is {job.status}."
+                        )
+                wake.wait(pause)
+
+    def finished(self, ids: Collection[int]) -> None:
+        """Tell the processes of this host that wait for jobs that ``ids`` finished,
+        once the write that finished them has committed. (On a database that carries
+        the news itself, the write did: :meth:`DialectOps.notify_finished`.)"""
+        if ids:
+            wakeup.tell_finished(self._waiters_dir, ids)
+
+    def run_finishing(
+        self,
+        fn: Callable[[Connection], T],
+        ended: Callable[[T], Sequence[int]],
+        *,
+        within: float = 10.0,
+    ) -> T:
+        """:meth:`run_write` for a write that may finish jobs (or delete them): those
+        ``ended(result)`` names are told to their waiters, in the transaction
+        (:meth:`DialectOps.notify_finished`) and after it (:meth:`finished`)."""
+
+        def write(conn: Connection) -> T:
+            result = fn(conn)
+            ids = ended(result)
+            if ids:
+                self.ops.notify_finished(conn, ids)
+            return result
+
+        result = self.run_write(write, within=within)
+        self.finished(ended(result))
+        return result
+
+    def _listen_finished(self, finished: wakeup.Finished, stop: threading.Event) -> None:
+        self.ops.listen_finished(self.engine, finished, stop)
 
     # -- wake-ups ---------------------------------------------------------------------------
 

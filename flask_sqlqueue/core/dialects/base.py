@@ -29,6 +29,7 @@ from sqlalchemy.engine import Row
 
 from ...config import Settings
 from ...exceptions import SQLQueueError
+from .. import wakeup
 from ..diagnosis import FAIL
 from ..diagnosis import OK
 from ..diagnosis import Finding
@@ -89,6 +90,30 @@ def claim_update(chosen: sa.ColumnElement[bool]) -> sa.Update:
         sa.bindparam("now", type_=jobs.c.run_at.type),
     )
     return sa.update(jobs).where(chosen).values(values).returning(*CLAIM_COLUMNS)
+
+
+#: The completion of one running attempt, fenced by its claim token, bound per call.
+#: Every statement of the hot path is built once: building one cost more than running it.
+COMPLETE_ONE = (
+    sa.update(jobs)
+    .where(
+        jobs.c.id == sa.bindparam("b_id"),
+        jobs.c.status == RUNNING,
+        jobs.c.claim_token == sa.bindparam("b_token"),
+    )
+    .values(
+        status=COMPLETED,
+        result=sa.bindparam("b_result", type_=jobs.c.result.type),
+        finished_at=sa.bindparam("b_now", type_=jobs.c.finished_at.type),
+        updated_at=sa.bindparam("b_now", type_=jobs.c.updated_at.type),
+        claim_token=None,
+    )
+)
+
+
+def complete_one_params(done: Done, now: datetime) -> dict[str, Any]:
+    job_id, token, result = done
+    return {"b_id": job_id, "b_token": token, "b_result": result, "b_now": now}
 
 
 #: Most jobs one listed completion carries: a batch of a worker that claims ahead may
@@ -271,8 +296,24 @@ class DialectOps:
     def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
         """Set ``wake`` whenever another process enqueues, until ``stop`` is set.
 
-        Runs on a thread of its own. Default: return at once; polling finds new jobs.
+        Runs on a thread of its own. Default: the same-host sockets of :meth:`wake_dir`
+        (``core/wakeup.py``); without them, return at once: polling finds new jobs.
         """
+        wakeup.listen(self.wake_dir(engine.url), wake, stop)
+
+    def notify_finished(self, conn: Connection, ids: Sequence[int]) -> None:
+        """Tell the processes waiting for jobs (``Job.wait``), on commit, that the jobs
+        ``ids`` finished, where the database carries such news to other hosts. Default:
+        nothing here; after the commit, ``Store.finished`` tells this host's waiters."""
+
+    def listen_finished(
+        self, engine: Engine, finished: wakeup.Finished, stop: threading.Event
+    ) -> None:
+        """Pass the ids of the jobs that finish to ``finished`` until ``stop`` is set
+        (``None`` once listening: anything may have finished before). Runs on a thread of
+        its own. Default: the same-host sockets of :meth:`wake_dir`; without them, return
+        at once: waiters recheck the database."""
+        wakeup.listen_finished(wakeup.waiters_dir(self.wake_dir(engine.url)), finished, stop)
 
     def is_deadlock(self, exc: BaseException) -> bool:
         """Whether ``exc`` is the database ending a transaction to break a deadlock.
@@ -389,7 +430,8 @@ class DialectOps:
         each with whether the job has dependents (its ``has_dependents`` as the write
         found it, under the row's lock: core/dependencies.py). A job whose claim was
         lost gets nothing written. Rows are locked in id order (every id of ``done`` is
-        distinct, and sorted by the caller).
+        distinct, and sorted by the caller). Where the database carries news to waiters
+        (:meth:`notify_finished`), the statement tells them too.
 
         Default: :func:`complete_listed` with ``RETURNING id, has_dependents`` (SQLite).
         """

@@ -8,7 +8,6 @@ caller's transaction; the row locks keep other claimers off until it commits.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -17,7 +16,6 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.engine import Connection
-from sqlalchemy.engine import Engine
 
 from ...exceptions import UnsupportedDatabase
 from .. import wakeup
@@ -47,12 +45,10 @@ class MySQLOps(ServerOps):
     value_limit_source = "MariaDB (its max_allowed_packet, less 64 KiB for the statement)"
 
     def wake_dir(self, url: sa.URL) -> Path | None:
-        # No LISTEN/NOTIFY here: the workers on this host are woken as SQLite's are;
-        # those on other hosts find new jobs at their next poll.
+        # No LISTEN/NOTIFY here: the workers and waiters on this host are woken as
+        # SQLite's are; those on other hosts find new jobs, and finished ones, when they
+        # next poll (a waiter: every ``poll_interval`` of ``Job.wait``).
         return wakeup.wake_dir(self.identity(url))
-
-    def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
-        wakeup.listen(self.wake_dir(engine.url), wake, stop)
 
     def value_limit(self, conn: Connection) -> int:
         packet = conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one()

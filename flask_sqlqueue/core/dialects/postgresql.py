@@ -9,6 +9,13 @@ Every enqueue notifies ``sqlqueue_jobs`` in its own transaction (``pg_notify`` i
 INSERT's RETURNING, no round trip of its own), so it is delivered only if the job
 commits. Workers LISTEN for it as a hint to claim at once; polling stays
 the truth, so a notification lost while reconnecting costs at most one poll interval.
+
+Every write that finishes jobs notifies ``sqlqueue_finished`` with their ids (at most
+:data:`~flask_sqlqueue.core.wakeup.IDS_PER_MESSAGE` per notification), on any host: a
+worker's completions in the completing statement itself (``pg_notify`` over its
+``RETURNING``, one notification per batch), a failure, a cancellation or a rescue in
+one more statement. A process waiting for jobs (``Job.wait``) LISTENs for it while it
+waits, and rechecks the database on each notification that names one of its jobs.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import functools
 import json
 import logging
 import threading
+from collections.abc import Callable
 from collections.abc import Iterator
 from collections.abc import Sequence
 from datetime import date
@@ -31,6 +39,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.engine import Engine
 
 from ...exceptions import UnsupportedDatabase
+from .. import wakeup
 from ..models import jobs
 from .base import COMPLETED
 from .base import RUNNING
@@ -39,6 +48,8 @@ from .base import ServerOps
 from .base import claim_update
 
 CHANNEL = "sqlqueue_jobs"
+#: Where writes that finish jobs tell waiters which (``Job.wait``).
+FINISHED_CHANNEL = "sqlqueue_finished"
 log = logging.getLogger("flask_sqlqueue.worker")
 MIN_VERSION = (9, 5)  # FOR UPDATE SKIP LOCKED
 # For the rest of the claim's transaction only (is_local), in one round trip. No JIT:
@@ -90,6 +101,8 @@ class PostgresOps(ServerOps):
     def complete_claimed(
         self, conn: Connection, done: Sequence[Done], now: datetime
     ) -> dict[int, bool]:
+        # The statement tells waiters which jobs it completed (see the module's
+        # docstring): no round trip of its own.
         # Three arrays, whatever the batch's size: one statement, built once (below).
         params = {
             "b_ids": [job_id for job_id, _, _ in done],
@@ -176,30 +189,53 @@ class PostgresOps(ServerOps):
         conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
 
     def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
-        if engine.dialect.driver != "psycopg":
-            return  # LISTEN needs psycopg 3's notifies(); other drivers just poll
-        pause = 0.5
-        while not stop.is_set():
-            raw = None
-            try:
-                raw = engine.raw_connection()
-                driver = raw.driver_connection
-                driver.autocommit = True  # type: ignore[union-attr]
-                driver.execute(f"LISTEN {CHANNEL}")  # type: ignore[union-attr]
-                wake.set()  # anything enqueued while we were not listening
-                pause = 0.5
-                while not stop.is_set():
-                    # A short wait: a stopping worker (the end of every --burst run)
-                    # waits for this thread, so it must notice the stop at once.
-                    for _ in driver.notifies(timeout=0.1, stop_after=1):  # type: ignore[union-attr]
-                        wake.set()
-            except Exception as exc:  # never let a dropped connection end the worker
-                log.warning("LISTEN %s failed (%s); polling until it reconnects", CHANNEL, exc)
-                stop.wait(pause)
-                pause = min(pause * 2, 30.0)
-            finally:
-                if raw is not None:
-                    raw.invalidate()  # a LISTENing autocommit connection must not be reused
+        _listen(engine, CHANNEL, lambda _payload: wake.set(), stop)
+
+    def notify_finished(self, conn: Connection, ids: Sequence[int]) -> None:
+        for payload in wakeup.encode_ids(ids):
+            conn.execute(_NOTIFY_FINISHED, {"payload": payload.decode()})
+
+    def listen_finished(
+        self, engine: Engine, finished: wakeup.Finished, stop: threading.Event
+    ) -> None:
+        _listen(
+            engine,
+            FINISHED_CHANNEL,
+            lambda payload: finished(None if payload is None else wakeup.decode_ids(payload)),
+            stop,
+        )
+
+
+def _listen(
+    engine: Engine, channel: str, heard: Callable[[str | None], None], stop: threading.Event
+) -> None:
+    """LISTEN on ``channel`` and pass each notification's payload to ``heard`` until
+    ``stop`` is set, reconnecting after a failure; ``heard(None)`` each time it starts
+    listening, for what came while it was not. Runs on a thread of its own."""
+    if engine.dialect.driver != "psycopg":
+        return  # LISTEN needs psycopg 3's notifies(); other drivers just poll
+    pause = 0.5
+    while not stop.is_set():
+        raw = None
+        try:
+            raw = engine.raw_connection()
+            driver = raw.driver_connection
+            driver.autocommit = True  # type: ignore[union-attr]
+            driver.execute(f"LISTEN {channel}")  # type: ignore[union-attr]
+            heard(None)  # anything sent while we were not listening
+            pause = 0.5
+            while not stop.is_set():
+                # A short wait: a stopping worker (the end of every --burst run)
+                # waits for this thread, so it must notice the stop at once.
+                for notice in driver.notifies(timeout=0.1, stop_after=1):  # type: ignore[union-attr]
+                    heard(notice.payload)
+        except Exception as exc:  # never let a dropped connection end the worker
+            log.warning("LISTEN %s failed (%s); polling until it reconnects", channel, exc)
+            stop.wait(pause)
+            pause = min(pause * 2, 30.0)
+        finally:
+            if raw is not None:
+                raw.invalidate()  # a LISTENing autocommit connection must not be reused
 
 
 @functools.lru_cache(maxsize=64)
@@ -310,7 +346,7 @@ _HELD = (
     .cte("held")
 )
 _NOW = sa.bindparam("b_now", type_=jobs.c.finished_at.type)
-_COMPLETE_ARRAYS = (
+_COMPLETED = (
     sa.update(jobs)
     .where(
         jobs.c.id == _HELD.c.id,
@@ -322,4 +358,31 @@ _COMPLETE_ARRAYS = (
         status=COMPLETED, result=_DONE.c.result, finished_at=_NOW, updated_at=_NOW, claim_token=None
     )
     .returning(jobs.c.id, jobs.c.has_dependents)
+)
+
+# Waiters are told of a batch's completions by one notification per
+# wakeup.IDS_PER_MESSAGE ids completed, made by the same statement: WITH done AS (UPDATE
+# … RETURNING id), told AS (SELECT pg_notify(…, string_agg(id)) FROM done GROUP BY its
+# part) SELECT id FROM done WHERE (SELECT count(*) FROM told) >= 0. The condition only
+# makes ``told`` run (once, the first time it is tested); a batch that completes nothing
+# tells nothing.
+_DONE_IDS = _COMPLETED.cte("done")
+_PARTS = sa.select(
+    _DONE_IDS.c.id,
+    (sa.func.row_number().over() // wakeup.IDS_PER_MESSAGE).label("part"),
+).subquery("parts")
+_TOLD = (
+    sa.select(
+        sa.func.pg_notify(
+            FINISHED_CHANNEL, sa.func.string_agg(sa.cast(_PARTS.c.id, sa.Text), ",")
+        ).label("told")
+    )
+    .group_by(_PARTS.c.part)
+    .cte("told")
+)
+_COMPLETE_ARRAYS = sa.select(_DONE_IDS.c.id, _DONE_IDS.c.has_dependents).where(
+    sa.select(sa.func.count()).select_from(_TOLD).scalar_subquery() >= 0
+)
+_NOTIFY_FINISHED = sa.select(
+    sa.func.pg_notify(FINISHED_CHANNEL, sa.bindparam("payload", type_=sa.Text))
 )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import os
 import sqlite3
-import threading
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -114,9 +113,6 @@ class SQLiteOps(DialectOps):
 
     def claim_statement(self, candidates: sa.Select[tuple[int]]) -> sa.Update:
         return _claim_in(candidates)
-
-    def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
-        wakeup.listen(self.wake_dir(engine.url), wake, stop)
 
     def read_options(self) -> dict[str, Any]:
         return {_READ: True}

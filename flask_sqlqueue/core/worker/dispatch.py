@@ -269,7 +269,8 @@ class Dispatcher:
     def _release(self, claims: Mapping[int, str]) -> list[int]:
         """Hand the jobs of ``claims`` (id: claim token) back to pending without counting
         an attempt, in one transaction, and wake the workers; returns the ids released
-        (the others had lost their claim)."""
+        (the others had lost their claim). Their waiters are woken too: a job whose
+        cancellation was asked for ends ``cancelled`` instead."""
         now = self._clock()
 
         def release(conn: sa.Connection) -> list[int]:
@@ -278,7 +279,7 @@ class Dispatcher:
                 self._store.ops.notify(conn)
             return done
 
-        released = self._store.run_write(release)
+        released = self._store.run_finishing(release, lambda released: released)
         if released:
             self._store.wake()
         return released

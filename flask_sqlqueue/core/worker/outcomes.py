@@ -120,6 +120,9 @@ class _Write:
     #: The short write that ends the job instead if the database refuses this one;
     #: ``None`` on a write that is one already.
     fallback: Callable[[BaseException], _Write] | None = None
+    #: Whether what ``apply`` returned ended the job (completed, dead or cancelled):
+    #: its waiters are told (``Store.run_finishing``). Default: whenever it is recorded.
+    ends: Callable[[Any], bool] = bool
     #: Times it failed for a fault that may pass; it is retried after each heartbeat.
     failures: int = 0
 
@@ -213,7 +216,7 @@ class Outcomes:
             log.warning("job=%s: outcome not recorded; the job is now %s", job.id, status)
 
         try:
-            self._finish(_Write(attempt, apply, recorded))
+            self._finish(_Write(attempt, apply, recorded, ends=_ended))
         except Exception:
             log.exception("job=%s could not be handed back; it stays running", job.id)
 
@@ -271,7 +274,9 @@ class Outcomes:
         return lifecycle.complete_many(conn, self._store.ops, items, now)
 
     def report(self, batch: list[Success], done: set[int]) -> None:
-        """Log and signal the successes of ``batch`` recorded completed (ids in ``done``)."""
+        """Log and signal the successes of ``batch`` recorded completed (ids in ``done``),
+        and tell this host's waiters (the completing statement told the others)."""
+        self._store.finished(done)
         for s in batch:
             if s.attempt.job.id in done:
                 self._succeeded(s)
@@ -430,7 +435,7 @@ class Outcomes:
             short = self._failure_write(attempt, REFUSED_KIND, reason, "", dead=dead, delay=delay)
             return replace(short, fallback=None)
 
-        return _Write(attempt, apply, recorded, refused)
+        return _Write(attempt, apply, recorded, refused, ends=_ended)
 
     def _fits(self, text: str) -> bool:
         return self._store.value_size(text) is None
@@ -477,8 +482,10 @@ class Outcomes:
         attempt = write.attempt
         try:
             # Keep trying while we may still own the claim; past that it will be rescued.
-            result = self._store.run_write(
-                write.apply, within=self._options.stale_after if within is None else within
+            result = self._store.run_finishing(
+                write.apply,
+                lambda result: [attempt.job.id] if result and write.ends(result) else [],
+                within=self._options.stale_after if within is None else within,
             )
         except sa.exc.SQLAlchemyError as exc:
             fallback = write.fallback
@@ -527,6 +534,11 @@ class Outcomes:
             waiting, self._unrecorded = self._unrecorded, []
         for write in waiting:
             self._finish(write, within=self._options.heartbeat_interval)
+
+
+def _ended(status: str | None) -> bool:
+    """Whether a failure's write (which returns the job's new status) ended the job."""
+    return status in lifecycle.FINISHED
 
 
 def _log_claim_lost(attempt: Attempt) -> None:
