@@ -31,14 +31,19 @@ ENQUEUE = (
 )
 
 
-@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+@pytest.fixture(params=["sqlite", "postgresql", "postgresql-psycopg2", "mysql"])
 def wake_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """SQLite's and MariaDB's workers on this host are woken by a socket; PostgreSQL's
-    by NOTIFY."""
+    by NOTIFY, through psycopg 3 or psycopg2."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'queue.db'}"
     else:
-        with fresh_database(request.param) as uri:
+        kind, _, driver = request.param.partition("-")
+        with fresh_database(kind) as uri:
+            if driver:
+                uri = sa.make_url(uri).set(drivername=f"postgresql+{driver}").render_as_string(
+                    hide_password=False
+                )
             yield uri
 
 

@@ -59,9 +59,7 @@ class Job:
     _source: JobSource | None = field(default=None, repr=False)
 
     @classmethod
-    def inserted(
-        cls, job_id: int, values: Mapping[str, Any], source: JobSource
-    ) -> Job:
+    def inserted(cls, job_id: int, values: Mapping[str, Any], source: JobSource) -> Job:
         """The job just inserted with ``values`` (its columns), without reading it back.
         Its payload was encoded from checked JSON: it decodes."""
         args, kwargs = decode_payload(values["payload"])

@@ -22,9 +22,9 @@ from sqlalchemy.engine import Connection
 
 from ..bounds import positive_seconds
 from ..exceptions import DuplicateTask
+from .aio import in_thread
 from .arguments import ArgumentCodec
 from .arguments import codec_for
-from .aio import in_thread
 from .jobs import Job
 from .lifecycle import BackoffFunc
 from .limits import TaskLimits

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import select
 import threading
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -40,6 +41,9 @@ from sqlalchemy.engine import Engine
 
 from ...exceptions import UnsupportedDatabase
 from .. import wakeup
+from ..diagnosis import OK
+from ..diagnosis import WARN
+from ..diagnosis import Finding
 from ..models import jobs
 from .base import COMPLETED
 from .base import RUNNING
@@ -188,6 +192,19 @@ class PostgresOps(ServerOps):
     def notify(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
 
+    def diagnose(self, conn: Connection) -> list[Finding]:
+        driver = conn.dialect.driver
+        if listens(driver):
+            wakes = Finding(OK, f"wake-ups: LISTEN/NOTIFY (driver {driver})")
+        else:
+            wakes = Finding(
+                WARN,
+                f"the driver {driver} gets no notifications: idle workers find new jobs "
+                "only at each poll (--poll-interval)",
+                "use postgresql+psycopg:// (psycopg 3) or postgresql+psycopg2://",
+            )
+        return [*super().diagnose(conn), wakes]
+
     def listen(self, engine: Engine, wake: threading.Event, stop: threading.Event) -> None:
         _listen(engine, CHANNEL, lambda _payload: wake.set(), stop)
 
@@ -212,8 +229,15 @@ def _listen(
     """LISTEN on ``channel`` and pass each notification's payload to ``heard`` until
     ``stop`` is set, reconnecting after a failure; ``heard(None)`` each time it starts
     listening, for what came while it was not. Runs on a thread of its own."""
-    if engine.dialect.driver != "psycopg":
-        return  # LISTEN needs psycopg 3's notifies(); other drivers just poll
+    receive = _RECEIVERS.get(engine.dialect.driver)
+    if receive is None:
+        log.warning(
+            "the driver %s gets no NOTIFY: %s are seen only at each poll; "
+            "use postgresql+psycopg:// (psycopg 3) or postgresql+psycopg2://",
+            engine.dialect.driver,
+            "new jobs" if channel == CHANNEL else "finished jobs",
+        )
+        return
     pause = 0.5
     while not stop.is_set():
         raw = None
@@ -221,14 +245,14 @@ def _listen(
             raw = engine.raw_connection()
             driver = raw.driver_connection
             driver.autocommit = True  # type: ignore[union-attr]
-            driver.execute(f"LISTEN {channel}")  # type: ignore[union-attr]
+            driver.cursor().execute(f"LISTEN {channel}")  # type: ignore[union-attr]
             heard(None)  # anything sent while we were not listening
             pause = 0.5
             while not stop.is_set():
                 # A short wait: a stopping worker (the end of every --burst run)
                 # waits for this thread, so it must notice the stop at once.
-                for notice in driver.notifies(timeout=0.1, stop_after=1):  # type: ignore[union-attr]
-                    heard(notice.payload)
+                for payload in receive(driver, 0.1):
+                    heard(payload)
         except Exception as exc:  # never let a dropped connection end the worker
             log.warning("LISTEN %s failed (%s); polling until it reconnects", channel, exc)
             stop.wait(pause)
@@ -236,6 +260,31 @@ def _listen(
         finally:
             if raw is not None:
                 raw.invalidate()  # a LISTENing autocommit connection must not be reused
+
+
+def _psycopg_notices(driver: Any, timeout: float) -> Iterator[str]:
+    for notice in driver.notifies(timeout=timeout, stop_after=1):
+        yield notice.payload
+
+
+def _psycopg2_notices(driver: Any, timeout: float) -> Iterator[str]:
+    # psycopg2 has no blocking notifies(): wait for the socket, then let it read.
+    if select.select([driver], [], [], timeout)[0]:
+        driver.poll()
+        while driver.notifies:
+            yield driver.notifies.pop(0).payload
+
+
+#: By driver: the notifications that arrive on a LISTENing connection within a timeout.
+_RECEIVERS: dict[str, Callable[[Any, float], Iterator[str]]] = {
+    "psycopg": _psycopg_notices,
+    "psycopg2": _psycopg2_notices,
+}
+
+
+def listens(driver: str) -> bool:
+    """Whether workers on this driver are woken by ``NOTIFY`` (others poll)."""
+    return driver in _RECEIVERS
 
 
 @functools.lru_cache(maxsize=64)
