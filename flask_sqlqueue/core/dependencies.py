@@ -353,3 +353,54 @@ def job_edges(conn: Connection, job_id: int) -> Edges:
         .order_by(jobs.c.id)
     ).all()
     return Edges([(i, s) for i, s in before], [(i, s) for i, s in after])
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """The jobs joined to one job by dependencies, either way: ``jobs`` maps each id to
+    ``(task, status)``, or to ``None`` for a dependency that is gone (purged);
+    ``edges`` holds ``(dependency, dependent)`` pairs. ``partial``: the walk stopped at
+    its limit, so some members are missing."""
+
+    jobs: dict[int, tuple[str, str] | None]
+    edges: list[tuple[int, int]]
+    partial: bool
+
+
+def workflow(conn: Connection, job_id: int, most: int = 300) -> Workflow:
+    """The workflow of ``job_id``: every job reached from it over dependency edges in
+    either direction, breadth first, at most ``most`` of them."""
+    seen = {job_id}
+    frontier = [job_id]
+    edges: set[tuple[int, int]] = set()
+    partial = False
+    while frontier and not partial:
+        found: list[int] = []
+        for chunk in _chunks(frontier):
+            rows = conn.execute(
+                sa.select(dependencies.c.depends_on_id, dependencies.c.job_id).where(
+                    sa.or_(
+                        dependencies.c.job_id.in_(chunk), dependencies.c.depends_on_id.in_(chunk)
+                    )
+                )
+            )
+            for dependency, dependent in rows:
+                for other in (dependency, dependent):
+                    if other in seen:
+                        continue
+                    if len(seen) >= most:
+                        partial = True
+                        continue
+                    seen.add(other)
+                    found.append(other)
+                if dependency in seen and dependent in seen:
+                    edges.add((dependency, dependent))
+        frontier = found
+    members: dict[int, tuple[str, str] | None] = dict.fromkeys(sorted(seen))
+    for chunk in _chunks(seen):
+        rows = conn.execute(
+            sa.select(jobs.c.id, jobs.c.task, jobs.c.status).where(jobs.c.id.in_(chunk))
+        )
+        for row in rows:
+            members[row.id] = (row.task, row.status)
+    return Workflow(members, sorted(edges), partial)
