@@ -54,7 +54,8 @@ def cli(app: Flask, *args: str) -> Any:
 
 def edges(app: Flask) -> set[tuple[int, int]]:
     with w.store_of(app).read() as conn:
-        return {(a, b) for a, b in conn.execute(sa.select(dependencies))}
+        edge = sa.select(dependencies.c.job_id, dependencies.c.depends_on_id)
+        return {(a, b) for a, b in conn.execute(edge)}
 
 
 def job_count(app: Flask) -> int:

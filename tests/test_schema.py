@@ -51,6 +51,7 @@ QUEUE_TABLES = {
     "sqlqueue_limits",
     "sqlqueue_schedules",
     "sqlqueue_job_dependencies",
+    "sqlqueue_batches",
 }
 HINT = "flask queue db upgrade"
 EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -369,6 +370,7 @@ def _jobs(database_uri: str) -> list[dict[str, Any]]:
     rows = query_dicts(database_uri, "SELECT * FROM sqlqueue_jobs ORDER BY id")
     for row in rows:
         row.pop("has_dependents", None)
+        row.pop("batch_id", None)
     return rows
 
 

@@ -50,6 +50,8 @@ class Job:
     progress_message: str | None = None
     #: Why ``args``/``kwargs`` are empty, when the stored payload could not be decoded.
     payload_error: str | None = None
+    #: The batch it is a member or a callback of (docs/workflows.md), if any.
+    batch_id: int | None = None
     _loader: Callable[[int], Job | None] | None = field(default=None, repr=False)
 
     @classmethod
@@ -90,6 +92,7 @@ class Job:
             progress=getattr(row, "progress", None),
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
+            batch_id=getattr(row, "batch_id", None),
             _loader=loader,
         )
 

@@ -52,6 +52,7 @@ from .options import job_values
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+    from sqlalchemy.orm import scoped_session
 
 T = TypeVar("T")
 
@@ -196,11 +197,13 @@ class Store:
         def insert(conn: Connection) -> Job:
             if not depends_on:
                 return self._insert(conn, values)
-            start = dependencies.prepare(conn, depends_on)
+            start = dependencies.prepare(
+                conn, depends_on, require=options.require, batch_id=options.batch_id
+            )
             row = {**values, **start.values(values["created_at"])}
             job = self._insert(conn, row, notify=start.status == dependencies.PENDING)
             if job.created_at is row["created_at"]:  # new, not a job holding the key
-                dependencies.link(conn, [job.id], depends_on)
+                dependencies.link(conn, [job.id], depends_on, require=options.require)
             return job
 
         job: Job = self._produce(options, insert, lambda job: self._announce(job, values))
@@ -236,12 +239,14 @@ class Store:
             if not depends_on:
                 return self._insert_many(conn, rows)
             # Every job of the batch has the same dependencies, so the same start.
-            start = dependencies.prepare(conn, depends_on).values(values["created_at"])
+            start = dependencies.prepare(
+                conn, depends_on, require=options.require, batch_id=options.batch_id
+            ).values(values["created_at"])
             for row in rows:
                 row.update(start)
             made = self._insert_many(conn, rows, notify=start["status"] == dependencies.PENDING)
             new = [job.id for job in made if job.created_at is values["created_at"]]
-            dependencies.link(conn, new, depends_on)
+            dependencies.link(conn, new, depends_on, require=options.require)
             return made
 
         def announce(made: list[Job]) -> None:
@@ -262,16 +267,7 @@ class Store:
     ) -> T:
         """Run ``insert`` in the queue's own transaction, or in the caller's ``session``;
         wake the workers and announce the jobs once it has committed."""
-        target = options.session
-        caller: Session | Connection | None = None
-        if isinstance(target, Connection):
-            caller = target
-        elif target is not None:
-            # A Session: the caller has loaded the ORM, which the queue never needs itself.
-            from sqlalchemy.orm import scoped_session
-
-            # Flask-SQLAlchemy's db.session: write in the session of the current scope.
-            caller = target() if isinstance(target, scoped_session) else target
+        caller = _caller(options.session)
         if caller is None:
             made = self._insert_own(insert)
             self.wake()
@@ -398,6 +394,16 @@ class Store:
             ("started_at", "finished_at", "worker_id", "last_error", "result", "errors")
         )
         return Job.from_row(_Values(**{**unset, **values, "id": job_id}), self.get_job)
+
+    def caller_connection(self, target: Session | scoped_session[Any] | Connection) -> Connection:
+        """The connection of a caller's ``session=``, checked to be on the queue's own
+        database.
+
+        :raises ValueError: it is bound to another database.
+        """
+        caller = _caller(target)
+        assert caller is not None
+        return self._caller_connection(caller)
 
     def _caller_connection(self, target: Session | Connection) -> Connection:
         conn = target if isinstance(target, Connection) else target.connection()
@@ -699,3 +705,16 @@ class _Values:
 
     def __init__(self, **values: Any) -> None:
         self.__dict__.update(values)
+
+
+def _caller(
+    target: Session | scoped_session[Any] | Connection | None,
+) -> Session | Connection | None:
+    """What a ``session=`` writes in: a Connection, or a Session (of the current scope,
+    for Flask-SQLAlchemy's ``db.session``)."""
+    if target is None or isinstance(target, Connection):
+        return target
+    # A Session: the caller has loaded the ORM, which the queue never needs itself.
+    from sqlalchemy.orm import scoped_session
+
+    return target() if isinstance(target, scoped_session) else target
