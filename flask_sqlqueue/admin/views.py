@@ -27,6 +27,7 @@ from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
+from ..core import batches
 from ..core import dependencies
 from ..core import lifecycle
 from ..core import limits
@@ -410,12 +411,14 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
         with reading(st) as conn:
             effects = queries.job_effects(conn, job_id)
             edges = dependencies.job_edges(conn, job_id)
+        batch = None if found.batch_id is None else batches.get_batch(st.store, found.batch_id)
         errors = found.errors if isinstance(found.errors, list) else []
         return render_template(
             "sqlqueue/job.html",
             now=st.store.now(),
             job=found,
             edges=edges,
+            batch=None if batch is None else batch.summary(job_id),
             effects=effects,
             errors=[e for e in errors if isinstance(e, dict)],
             raw_errors=None if isinstance(found.errors, list) else found.errors,
