@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from .core.batches import Batch as Batch
 from .core.context import current_job as current_job
 from .core.jobs import Job as Job
 from .core.models import JobStatus as JobStatus
 from .core.options import Call as Call
 from .core.tasks import BoundTask as BoundTask
+from .core.tasks import Step as Step
 from .core.tasks import Task as Task
 from .core.worker import Worker as Worker
 from .core.worker import WorkerOptions as WorkerOptions
@@ -31,6 +33,7 @@ from .facade import SQLQueue as SQLQueue
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
     "BoundTask",
     "Call",
     "ClaimLost",
@@ -50,6 +53,7 @@ __all__ = [
     "SQLQueue",
     "SQLQueueError",
     "SchemaError",
+    "Step",
     "Task",
     "UnknownQueue",
     "UnknownTask",

@@ -32,8 +32,10 @@ from sqlalchemy.engine import Connection
 from . import schema
 from .config import DEFAULTS
 from .config import Settings
+from .core import batches
 from .core import operations
 from .core.aio import in_thread
+from .core.batches import Batch
 from .core.enqueue import Call
 from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
@@ -42,11 +44,13 @@ from .core.enqueue import enqueue
 from .core.isolation import RuntimeLoader
 from .core.jobs import Job
 from .core.lifecycle import BackoffFunc
+from .core.lifecycle import Cancellation
 from .core.limits import TaskLimits
 from .core.periodic import DEFAULT_BACKFILL_LIMIT
 from .core.periodic import DEFAULT_BACKFILL_WINDOW
 from .core.periodic import Schedule
 from .core.store import Store
+from .core.tasks import Step
 from .core.tasks import Task
 from .core.tasks import TaskOptions
 from .core.tasks import TaskRegistry
@@ -459,6 +463,76 @@ class QueueExtension:
             encoded=encoded,
             eager=eager,
         )
+
+    def chain(
+        self, *steps: Step, session: Session | scoped_session[Any] | Connection | None = None
+    ) -> list[Job]:
+        """Enqueue ``steps`` (each ``task.step(...)`` or ``task.using(...).step(...)``)
+        as a chain: each job waits for the one before to complete, and a step that ends
+        dead or cancelled cancels the rest. All are written in one transaction
+        (``session``'s, if given, else committed on return). A step reads the result of
+        the one before from ``current_job.dependency_results`` (docs/workflows.md).
+
+        :returns: the jobs, in order.
+        :raises ValueError: no step; :raises TypeError: a step's arguments do not fit
+            its task. Nothing is written then.
+        """
+        state = self.state()
+        state.ensure_schema()
+        eager = state.eager_worker(resolve_app()) if state.settings.eager else None
+        return batches.chain(
+            state.store, steps, session=session, registry=self.registry, eager=eager
+        )
+
+    def batch(
+        self,
+        steps: Sequence[Step],
+        *,
+        on_success: Step | None = None,
+        on_failure: Step | None = None,
+        on_complete: Step | None = None,
+        label: str | None = None,
+        session: Session | scoped_session[Any] | Connection | None = None,
+    ) -> Batch:
+        """Enqueue ``steps`` as a batch with callbacks, all in one transaction
+        (``session``'s, if given). Each callback is a job that runs at most once:
+        ``on_success`` once every member completed (it ends cancelled as soon as one
+        ends dead or cancelled), ``on_failure`` once every member finished and one did
+        not complete (cancelled if all completed), ``on_complete`` once every member
+        finished, whatever the outcome. A callback reads the members' results from
+        ``current_job.dependency_results``.
+
+        :param label: a name for the batch, for people (at most 255 characters).
+        :returns: the batch: its ``id``, ``jobs``, ``progress()`` and ``cancel()``.
+        :raises ValueError: no step, or a step with an ``idempotency_key``; nothing is
+            written.
+        """
+        state = self.state()
+        state.ensure_schema()
+        eager = state.eager_worker(resolve_app()) if state.settings.eager else None
+        return batches.batch(
+            state.store,
+            steps,
+            on_success=on_success,
+            on_failure=on_failure,
+            on_complete=on_complete,
+            label=label,
+            session=session,
+            registry=self.registry,
+            eager=eager,
+        )
+
+    def get_batch(self, batch_id: int) -> Batch | None:
+        """The batch with this id, or ``None``."""
+        return batches.get_batch(self._store(), batch_id)
+
+    def cancel_batch(self, batch_id: int) -> Cancellation:
+        """Cancel the members and callbacks of a batch that are waiting or pending, and
+        ask those running to stop (as ``flask queue cancel`` does), in one transaction.
+
+        :raises LookupError: no batch has this id.
+        """
+        return batches.cancel_batch(self._store(), batch_id)
 
     def get_job(self, job_id: int) -> Job | None:
         """The job with this id as it is now, or ``None``."""

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -54,7 +52,8 @@ def cli(app: Flask, *args: str) -> Any:
 
 def edges(app: Flask) -> set[tuple[int, int]]:
     with w.store_of(app).read() as conn:
-        return {(a, b) for a, b in conn.execute(sa.select(dependencies))}
+        edge = sa.select(dependencies.c.job_id, dependencies.c.depends_on_id)
+        return {(a, b) for a, b in conn.execute(edge)}
 
 
 def job_count(app: Flask) -> int:
@@ -627,20 +626,7 @@ def test_a_fan_out_larger_than_a_statement_is_released_and_cancelled(
 
 
 def test_the_example_of_the_workflows_page_runs_as_it_says(tmp_path: Path) -> None:
-    page = (Path(__file__).parent.parent / "docs" / "workflows.md").read_text()
-    found = re.search(r"```python\n(# workflow_demo\.py.*?)```", page, re.DOTALL)
-    assert found, "docs/workflows.md has lost its example"
-    (tmp_path / "workflow_demo.py").write_text(found.group(1))
-    done = subprocess.run(
-        [sys.executable, "workflow_demo.py"],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
-        capture_output=True,
-        text=True,
-        timeout=scaled(120),
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["waiting", "completed 5"]
+    assert w.run_doc_example(tmp_path, "workflow_demo.py") == ["waiting", "completed 5"]
 
 
 # -- a kill storm over a graph ---------------------------------------------------------------

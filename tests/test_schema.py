@@ -52,6 +52,7 @@ QUEUE_TABLES = {
     "sqlqueue_limits",
     "sqlqueue_schedules",
     "sqlqueue_job_dependencies",
+    "sqlqueue_batches",
 }
 HINT = "flask queue db upgrade"
 EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -367,6 +368,7 @@ def test_migrations_define_each_index_as_the_models_do(
             "ix_sqlqueue_jobs_status_worker",
             "ix_sqlqueue_jobs_task_concurrency_key_status",
             "ix_sqlqueue_jobs_started_at",
+            "ix_sqlqueue_jobs_batch_id",
         }
 
 
@@ -412,6 +414,7 @@ def _jobs(database_uri: str) -> list[dict[str, Any]]:
     rows = query_dicts(database_uri, "SELECT * FROM sqlqueue_jobs ORDER BY id")
     for row in rows:
         row.pop("has_dependents", None)
+        row.pop("batch_id", None)
     return rows
 
 

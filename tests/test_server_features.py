@@ -41,8 +41,10 @@ def wake_uri(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         kind, _, driver = request.param.partition("-")
         with fresh_database(kind) as uri:
             if driver:
-                uri = sa.make_url(uri).set(drivername=f"postgresql+{driver}").render_as_string(
-                    hide_password=False
+                uri = (
+                    sa.make_url(uri)
+                    .set(drivername=f"postgresql+{driver}")
+                    .render_as_string(hide_password=False)
                 )
             yield uri
 

@@ -8,6 +8,9 @@ test can check which jobs ran, and in what order, without timing anything.
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +30,7 @@ from tests.control_app import row as row
 from tests.control_app import store_of as store_of
 from tests.sample_app import queue_app
 from tests.waiting import WAIT
+from tests.waiting import scaled
 from tests.workers import run_burst
 
 queue = SQLQueue()
@@ -148,3 +152,22 @@ def starts(app: Flask) -> list[int]:
 def burst(app: Flask, **options: Any) -> None:
     options.setdefault("grace", 1.0)
     run_burst(queue.worker(WorkerOptions(**options), app))
+
+
+def run_doc_example(tmp_path: Path, name: str) -> list[str]:
+    """Run the example of docs/workflows.md that starts ``# name`` as a script in
+    ``tmp_path``; the lines it printed."""
+    page = (Path(__file__).parent.parent / "docs" / "workflows.md").read_text()
+    found = re.search(rf"```python\n(# {re.escape(name)}.*?)```", page, re.DOTALL)
+    assert found, f"docs/workflows.md has lost its {name} example"
+    (tmp_path / name).write_text(found.group(1))
+    done = subprocess.run(
+        [sys.executable, name],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()

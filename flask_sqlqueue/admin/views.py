@@ -27,6 +27,8 @@ from sqlalchemy.engine import Connection
 from werkzeug.exceptions import HTTPException
 from werkzeug.wrappers import Response as BaseResponse
 
+from ..core import batches
+from ..core import dependencies
 from ..core import lifecycle
 from ..core import limits
 from ..core import operations
@@ -39,6 +41,9 @@ from ..core.retries import retry_plan
 from ..core.tasks import task_timeouts
 from ..exceptions import SQLQueueError
 from . import csrf
+from .workflow import BOX_HEIGHT
+from .workflow import BOX_WIDTH
+from .workflow import draw
 
 if TYPE_CHECKING:
     from ..core.store import Store
@@ -46,6 +51,8 @@ if TYPE_CHECKING:
     from ..extension import QueueState
 
 STATUSES = [status.value for status in JobStatus]
+#: Jobs a workflow page shows at most (the walk from the job stops there).
+WORKFLOW_MOST = 300
 MAX_ID = 2**63 - 1
 PER_PAGE = 50
 MAX_PER_PAGE = 200
@@ -405,6 +412,8 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
             abort(404, f"There is no job {job_id}; it may have been deleted or purged.")
         with reading(st) as conn:
             effects = queries.job_effects(conn, job_id)
+            edges = dependencies.job_edges(conn, job_id)
+        batch = None if found.batch_id is None else batches.get_batch(st.store, found.batch_id)
         errors = found.errors if isinstance(found.errors, list) else []
         registered = st.registry.get(found.task)
         own = registered.backoff if registered is not None else None
@@ -413,9 +422,32 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
             now=st.store.now(),
             job=found,
             planned=retry_plan(found, st.store.backoff, own),
+            edges=edges,
+            batch=None if batch is None else batch.summary(job_id),
             effects=effects,
             errors=[e for e in errors if isinstance(e, dict)],
             raw_errors=None if isinstance(found.errors, list) else found.errors,
+        )
+
+    @bp.get("/jobs/<int:job_id>/workflow")
+    def workflow(job_id: int) -> str:
+        st = state()
+        with reading(st) as conn:
+            flow = dependencies.workflow(conn, job_id, most=WORKFLOW_MOST)
+        if flow.jobs[job_id] is None:
+            abort(404, f"There is no job {job_id}; it may have been deleted or purged.")
+        counts: dict[str, int] = {}
+        for member in flow.jobs.values():
+            status = member[1] if member is not None else "gone"
+            counts[status] = counts.get(status, 0) + 1
+        return render_template(
+            "sqlqueue/workflow.html",
+            job_id=job_id,
+            flow=flow,
+            picture=draw(flow),
+            box=(BOX_WIDTH, BOX_HEIGHT),
+            counts=counts,
+            most=WORKFLOW_MOST,
         )
 
     @bp.get("/jobs/retry-dead")

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from ..core import batches
 from ..core import limits
 from ..core import periodic
 from ..core import queries
@@ -245,6 +246,9 @@ def show_command(job_id: int) -> None:
         ("cancel request", format_time(job.cancel_requested_at) or "-"),
         ("last error", job.last_error or "-"),
     ]
+    batch = None if job.batch_id is None else batches.get_batch(state.store, job.batch_id)
+    if batch is not None:
+        fields.insert(4, ("batch", batch.summary(job.id)))
     registered = state.registry.get(job.task)
     if registered is not None and (registered.timeout is not None or registered.isolate):
         fields.insert(-1, ("timeout", _timeout_text(registered.timeout, registered.isolate)))

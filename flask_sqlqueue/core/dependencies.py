@@ -25,6 +25,14 @@ Why it is safe with many writers (on the servers, READ COMMITTED):
   cancels its waiting dependents first (:func:`settle`).
 
 Cycles cannot happen: a dependency must exist before the job that depends on it.
+
+What an edge requires of its dependency (its ``require``, :data:`REQUIRES`): that it
+``completed`` (the default, as above); that it ``finished``, whatever the outcome (a
+batch's ``on_complete``); or that it finished and that one of the dependent's ``failed``
+dependencies did not complete (a batch's ``on_failure``, core/batches.py), else the
+dependent ends ``cancelled`` without running. Only ``completed`` edges carry a
+cancellation on: a dependency that ends dead or cancelled releases the dependents that
+wait for it to have finished, in the same transaction, as a completion does.
 """
 
 from __future__ import annotations
@@ -52,6 +60,14 @@ COMPLETED = JobStatus.COMPLETED.value
 DEAD = JobStatus.DEAD.value
 CANCELLED = JobStatus.CANCELLED.value
 
+#: What a dependent requires of a dependency (the ``require`` of an edge).
+REQUIRE_COMPLETED = "completed"
+REQUIRE_FINISHED = "finished"
+REQUIRE_FAILED = "failed"
+REQUIRES = (REQUIRE_COMPLETED, REQUIRE_FINISHED, REQUIRE_FAILED)
+#: The statuses a job ends in.
+ENDED = (COMPLETED, DEAD, CANCELLED)
+
 #: The error type in ``last_error`` of a job cancelled for one of its dependencies.
 KIND = "DependencyFailed"
 #: Ids per ``IN (…)``: far below every database's limit on bound parameters.
@@ -67,6 +83,13 @@ def _chunks(ids: Iterable[int]) -> Iterator[list[int]]:
 def _ended(job_id: int, status: str, noun: str = "dependency") -> str:
     """``"dependency 5 is dead"``: why a job depending on ``job_id`` is cancelled."""
     return f"{noun} {job_id} is dead" if status == DEAD else f"{noun} {job_id} was {status}"
+
+
+def _not_needed(batch_id: int | None) -> str:
+    """Why a job that runs only after a failure is cancelled: there was none."""
+    if batch_id is None:
+        return "NotNeeded: every dependency completed"
+    return f"NotNeeded: batch {batch_id}: every member completed"
 
 
 # -- enqueueing a dependent ------------------------------------------------------------------
@@ -91,12 +114,19 @@ class Start:
 
 
 def prepare(
-    conn: Connection, depends_on: Sequence[int], *, replayed: Collection[int] | None = None
+    conn: Connection,
+    depends_on: Sequence[int],
+    *,
+    replayed: Collection[int] | None = None,
+    require: str | None = None,
+    batch_id: int | None = None,
 ) -> Start:
     """Lock the dependencies ``depends_on`` (in id order, until the transaction ends),
     flag those that may still finish as having dependents, and say how a job depending
     on them starts: ``pending`` if all completed, ``cancelled`` if one is dead or
-    cancelled, else ``waiting``.
+    cancelled, else ``waiting``. With ``require`` ``finished``: ``pending`` once all
+    ended, else ``waiting``; ``failed``: the same, but ``cancelled`` if all completed
+    (naming ``batch_id``, if given).
 
     :param replayed: for a job being replayed, the jobs replayed with it (they count as
         pending); a dependency that is gone then counts as completed.
@@ -131,6 +161,12 @@ def prepare(
     ]
     for chunk in _chunks(unflagged):
         conn.execute(sa.update(jobs).where(jobs.c.id.in_(chunk)).values(has_dependents=True))
+    if require not in (None, REQUIRE_COMPLETED):
+        if any(status not in ENDED for status in statuses.values()):
+            return Start(WAITING)
+        if require == REQUIRE_FAILED and all(s == COMPLETED for s in statuses.values()):
+            return Start(CANCELLED, _not_needed(batch_id))
+        return Start(PENDING)
     for job_id in ids:
         if statuses[job_id] in (DEAD, CANCELLED):
             return Start(CANCELLED, f"{KIND}: {_ended(job_id, statuses[job_id])}")
@@ -139,10 +175,18 @@ def prepare(
     return Start(WAITING)
 
 
-def link(conn: Connection, job_ids: Sequence[int], depends_on: Sequence[int]) -> None:
-    """Write the edges from each of ``job_ids`` to each of ``depends_on``."""
+def link(
+    conn: Connection,
+    job_ids: Sequence[int],
+    depends_on: Sequence[int],
+    *,
+    require: str | None = None,
+) -> None:
+    """Write the edges from each of ``job_ids`` to each of ``depends_on``, each
+    requiring ``require`` (``completed`` if ``None``)."""
+    kind = require or REQUIRE_COMPLETED
     rows = [
-        {"job_id": job_id, "depends_on_id": dependency}
+        {"job_id": job_id, "depends_on_id": dependency, "require": kind}
         for job_id in dict.fromkeys(job_ids)
         for dependency in sorted(set(depends_on))
     ]
@@ -153,13 +197,17 @@ def link(conn: Connection, job_ids: Sequence[int], depends_on: Sequence[int]) ->
 # -- a dependency ends ---------------------------------------------------------------------
 
 
-def _dependents(conn: Connection, of: Collection[int]) -> list[int]:
-    """The ids of the jobs that depend on any of ``of`` (whatever their status)."""
+def _dependents(conn: Connection, of: Collection[int], *, completed: bool = False) -> list[int]:
+    """The ids of the jobs that depend on any of ``of`` (whatever their status); with
+    ``completed``, only over edges that require it to complete."""
     found: set[int] = set()
+    kind = [dependencies.c.require == REQUIRE_COMPLETED] if completed else []
     for chunk in _chunks(of):
         found.update(
             conn.execute(
-                sa.select(dependencies.c.job_id).where(dependencies.c.depends_on_id.in_(chunk))
+                sa.select(dependencies.c.job_id).where(
+                    dependencies.c.depends_on_id.in_(chunk), *kind
+                )
             ).scalars()
         )
     return sorted(found)
@@ -178,27 +226,56 @@ def _lock_waiting(conn: Connection, ids: Collection[int]) -> list[int]:
     return locked
 
 
+#: An edge whose dependency has not yet done what the dependent requires of it.
+_UNMET = sa.or_(
+    sa.and_(dependencies.c.require == REQUIRE_COMPLETED, jobs.c.status != COMPLETED),
+    sa.and_(dependencies.c.require != REQUIRE_COMPLETED, jobs.c.status.notin_(ENDED)),
+)
+
+
+def _edges_to(conn: Connection, ids: Collection[int], *where: Any) -> set[int]:
+    """Those of ``ids`` with an edge to a job (still in the table) that meets ``where``."""
+    found: set[int] = set()
+    for chunk in _chunks(ids):
+        found.update(
+            conn.execute(
+                sa.select(dependencies.c.job_id)
+                .join(jobs, jobs.c.id == dependencies.c.depends_on_id)
+                .where(dependencies.c.job_id.in_(chunk), *where)
+            ).scalars()
+        )
+    return found
+
+
 def release(conn: Connection, completed: Collection[int], now: datetime) -> list[int]:
     """Make ``pending`` (due now, or at its own ``run_at`` if later) each waiting
-    dependent of the jobs ``completed`` whose every dependency has completed now; a
-    dependency no longer in the table counts as completed. Call it in the transaction
-    that completed them. Returns the ids released."""
+    dependent of the jobs ``completed`` (or ended otherwise) whose every dependency has
+    done what it requires now; a dependency no longer in the table counts as completed.
+    A dependent that runs only after a failure (``failed`` edges) and saw none ends
+    ``cancelled`` instead, and so do its waiting dependents. Call it in the transaction
+    that ended them. Returns the ids released."""
     if not completed:
         return []
     waiting = _lock_waiting(conn, _dependents(conn, completed))
     if not waiting:
         return []
-    blocked: set[int] = set()
-    for chunk in _chunks(waiting):
-        # A statement of its own, after the locks: it sees every end committed meanwhile.
-        blocked.update(
+    # A statement of its own, after the locks: it sees every end committed meanwhile.
+    blocked = _edges_to(conn, waiting, _UNMET)
+    ready = [job_id for job_id in waiting if job_id not in blocked]
+    on_failure: set[int] = set()
+    for chunk in _chunks(ready):
+        on_failure.update(
             conn.execute(
-                sa.select(dependencies.c.job_id)
-                .join(jobs, jobs.c.id == dependencies.c.depends_on_id)
-                .where(dependencies.c.job_id.in_(chunk), jobs.c.status != COMPLETED)
+                sa.select(dependencies.c.job_id).where(
+                    dependencies.c.job_id.in_(chunk), dependencies.c.require == REQUIRE_FAILED
+                )
             ).scalars()
         )
-    ready = [job_id for job_id in waiting if job_id not in blocked]
+    if on_failure:
+        failed = dependencies.c.require == REQUIRE_FAILED
+        unneeded = on_failure - _edges_to(conn, on_failure, failed, jobs.c.status != COMPLETED)
+        _cancel_unneeded(conn, unneeded, now)
+        ready = [job_id for job_id in ready if job_id not in unneeded]
     due = sa.bindparam("b_now", now, type_=jobs.c.run_at.type)
     for chunk in _chunks(ready):
         conn.execute(
@@ -227,7 +304,7 @@ def cancel_dependents(conn: Connection, ended: Mapping[int, str], now: datetime)
     cancelled: list[int] = []
     frontier: Collection[int] = list(causes)
     while frontier:
-        waiting = _lock_waiting(conn, _dependents(conn, frontier))
+        waiting = _lock_waiting(conn, _dependents(conn, frontier, completed=True))
         if not waiting:
             break
         named: dict[int, int] = {}  # dependent -> the (lowest) dependency it stops for
@@ -236,6 +313,7 @@ def cancel_dependents(conn: Connection, ended: Mapping[int, str], now: datetime)
                 sa.select(dependencies.c.job_id, dependencies.c.depends_on_id).where(
                     dependencies.c.job_id.in_(chunk),
                     dependencies.c.depends_on_id.in_(sorted(frontier)),
+                    dependencies.c.require == REQUIRE_COMPLETED,
                 )
             )
             for job_id, dependency in rows:
@@ -256,7 +334,26 @@ def cancel_dependents(conn: Connection, ended: Mapping[int, str], now: datetime)
                 )
         cancelled += waiting
         frontier = waiting
+    # The dependents that wait for these jobs to have finished, whatever the outcome.
+    release(conn, [*ended, *cancelled], now)
     return cancelled
+
+
+def _cancel_unneeded(conn: Connection, ids: Collection[int], now: datetime) -> None:
+    """Cancel the waiting jobs ``ids``, which run only after a failure, and none came;
+    then their own waiting dependents."""
+    if not ids:
+        return
+    rows = conn.execute(sa.select(jobs.c.id, jobs.c.batch_id).where(jobs.c.id.in_(sorted(ids))))
+    for job_id, batch_id in rows.all():
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.status == WAITING)
+            .values(
+                status=CANCELLED, last_error=_not_needed(batch_id), finished_at=now, updated_at=now
+            )
+        )
+    cancel_dependents(conn, dict.fromkeys(sorted(ids), CANCELLED), now)
 
 
 def settle(conn: Connection, ids: Collection[int], now: datetime) -> None:
@@ -353,3 +450,54 @@ def job_edges(conn: Connection, job_id: int) -> Edges:
         .order_by(jobs.c.id)
     ).all()
     return Edges([(i, s) for i, s in before], [(i, s) for i, s in after])
+
+
+@dataclass(frozen=True, slots=True)
+class Workflow:
+    """The jobs joined to one job by dependencies, either way: ``jobs`` maps each id to
+    ``(task, status)``, or to ``None`` for a dependency that is gone (purged);
+    ``edges`` holds ``(dependency, dependent)`` pairs. ``partial``: the walk stopped at
+    its limit, so some members are missing."""
+
+    jobs: dict[int, tuple[str, str] | None]
+    edges: list[tuple[int, int]]
+    partial: bool
+
+
+def workflow(conn: Connection, job_id: int, most: int = 300) -> Workflow:
+    """The workflow of ``job_id``: every job reached from it over dependency edges in
+    either direction, breadth first, at most ``most`` of them."""
+    seen = {job_id}
+    frontier = [job_id]
+    edges: set[tuple[int, int]] = set()
+    partial = False
+    while frontier and not partial:
+        found: list[int] = []
+        for chunk in _chunks(frontier):
+            rows = conn.execute(
+                sa.select(dependencies.c.depends_on_id, dependencies.c.job_id).where(
+                    sa.or_(
+                        dependencies.c.job_id.in_(chunk), dependencies.c.depends_on_id.in_(chunk)
+                    )
+                )
+            )
+            for dependency, dependent in rows:
+                for other in (dependency, dependent):
+                    if other in seen:
+                        continue
+                    if len(seen) >= most:
+                        partial = True
+                        continue
+                    seen.add(other)
+                    found.append(other)
+                if dependency in seen and dependent in seen:
+                    edges.add((dependency, dependent))
+        frontier = found
+    members: dict[int, tuple[str, str] | None] = dict.fromkeys(sorted(seen))
+    for chunk in _chunks(seen):
+        rows = conn.execute(
+            sa.select(jobs.c.id, jobs.c.task, jobs.c.status).where(jobs.c.id.in_(chunk))
+        )
+        for row in rows:
+            members[row.id] = (row.task, row.status)
+    return Workflow(members, sorted(edges), partial)

@@ -56,6 +56,8 @@ class Job:
     progress_message: str | None = None
     #: Why ``args``/``kwargs`` are empty, when the stored payload could not be decoded.
     payload_error: str | None = None
+    #: The batch it is a member or a callback of (docs/workflows.md), if any.
+    batch_id: int | None = None
     _source: JobSource | None = field(default=None, repr=False)
 
     @classmethod
@@ -82,6 +84,7 @@ class Job:
             # A job that starts ended (a dependency already dead) has these.
             finished_at=values.get("finished_at"),
             last_error=values.get("last_error"),
+            batch_id=values.get("batch_id"),
             _source=source,
         )
 
@@ -123,6 +126,7 @@ class Job:
             progress=getattr(row, "progress", None),
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
+            batch_id=getattr(row, "batch_id", None),
             _source=source,
         )
 

@@ -30,6 +30,7 @@ QUEUES_TABLE = "sqlqueue_queues"
 LIMITS_TABLE = "sqlqueue_limits"
 SCHEDULES_TABLE = "sqlqueue_schedules"
 DEPENDENCIES_TABLE = "sqlqueue_job_dependencies"
+BATCHES_TABLE = "sqlqueue_batches"
 VERSION_TABLE = "sqlqueue_alembic_version"
 
 metadata = sa.MetaData(
@@ -190,6 +191,9 @@ jobs = sa.Table(
     # without it finishes with no dependents to release or cancel, so the completions
     # of a queue without workflows never look at the dependencies table.
     _column("has_dependents", sa.Boolean, server_default="0"),
+    # The batch the job is a member or a callback of (core/batches.py); written at
+    # enqueue only, so finishing a job never reads it.
+    _column("batch_id", sa.BigInteger, null=True),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
@@ -226,6 +230,25 @@ dependencies = sa.Table(
     _column("job_id", sa.BigInteger, primary_key=True),
     # Indexed for the dependents of a job that finishes.
     _column("depends_on_id", sa.BigInteger, primary_key=True, index=True),
+    # What the dependent needs of it (core/dependencies.py, Require): "completed" (to
+    # have completed), "finished" (to have ended, whatever the outcome) or "failed" (to
+    # have ended, and one of the dependent's "failed" dependencies not to have completed).
+    _column("require", sa.String(16), server_default="completed"),
+)
+
+#: A batch of jobs with callbacks (core/batches.py): its members carry its id in
+#: ``sqlqueue_jobs.batch_id``, as do its callbacks, which are named here.
+batches = sa.Table(
+    BATCHES_TABLE,
+    metadata,
+    _column("id", BigId, primary_key=True, autoincrement=True),
+    _column("label", sa.String(255), null=True),
+    # Its members, callbacks not counted.
+    _column("size", sa.Integer),
+    _column("created_at", UTCDateTime),
+    _column("on_success_id", sa.BigInteger, null=True),
+    _column("on_failure_id", sa.BigInteger, null=True),
+    _column("on_complete_id", sa.BigInteger, null=True),
 )
 
 #: A running worker process, kept alive by its heartbeat.
@@ -307,6 +330,10 @@ claim_index = sa.Index(
     "ix_sqlqueue_jobs_claim", jobs.c.status, jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id
 )
 _pending = jobs.c.status == JobStatus.PENDING.value
+# The jobs of batches: partial where the database has partial indexes, so that the jobs
+# of no batch (most, or all) stay out of it.
+batch_index = sa.Index("ix_sqlqueue_jobs_batch_id", jobs.c.batch_id)
+_in_batch = jobs.c.batch_id.isnot(None)
 
 # Indexes that every query using them narrows to a subset of the rows: running jobs, or
 # jobs that started. Partial where the database has partial indexes (DIALECT_OPTIONS),
@@ -329,6 +356,7 @@ _partial: list[tuple[sa.Index, Any]] = [
     (running_index, _running),
     (limits_index, _running),
     (started_index, jobs.c.started_at.is_not(None)),
+    (batch_index, _in_batch),
 ]
 
 #: Options a table or index has on one database only, by dialect name. Given at
@@ -342,6 +370,7 @@ DIALECT_OPTIONS: dict[str, Callable[[], list[tuple[sa.Table | sa.Index, dict[str
         # again; AUTOINCREMENT never does. PostgreSQL's sequence and InnoDB's counter
         # (kept across restarts by every server version the queue accepts) never go back.
         (jobs, {"autoincrement": True}),
+        (batches, {"autoincrement": True}),
         *((index, {"where": where}) for index, where in _partial),
     ],
     "postgresql": lambda: [(index, {"where": where}) for index, where in _partial],

@@ -57,6 +57,11 @@ class EnqueueOptions:
     #: The jobs (or their ids) that must complete before this one runs; kept as the
     #: sorted, distinct ids, ``None`` for none (core/dependencies.py).
     depends_on: Sequence[Job | int] | None = None
+    #: What the job requires of each of ``depends_on`` (core/dependencies.py, REQUIRES);
+    #: ``None``: that it completed. Set by batches, for their callbacks.
+    require: str | None = None
+    #: The batch the job belongs to (core/batches.py); set by batches only.
+    batch_id: int | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -234,7 +239,11 @@ def job_values(
     :raises ValueError: the job would be due at a time the queue cannot store.
     """
     run_at = due_time(options, now)
+    # A batch's id only where there is one: the row of a job in no batch is the same as
+    # before batches (and the same statement, cached once).
+    batch = {} if options.batch_id is None else {"batch_id": options.batch_id}
     return {
+        **batch,
         "queue": options.queue or "default",
         "task": task,
         "payload": payload,

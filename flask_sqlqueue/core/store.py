@@ -54,6 +54,7 @@ from .options import job_values
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+    from sqlalchemy.orm import scoped_session
 
 T = TypeVar("T")
 
@@ -227,11 +228,13 @@ class Store:
         def insert(conn: Connection) -> Job:
             if not depends_on:
                 return self._insert(conn, values)
-            start = dependencies.prepare(conn, depends_on)
+            start = dependencies.prepare(
+                conn, depends_on, require=options.require, batch_id=options.batch_id
+            )
             row = {**values, **start.values(values["created_at"])}
             job = self._insert(conn, row, notify=start.status == dependencies.PENDING)
             if job.created_at is row["created_at"]:  # new, not a job holding the key
-                dependencies.link(conn, [job.id], depends_on)
+                dependencies.link(conn, [job.id], depends_on, require=options.require)
             return job
 
         job: Job = self._produce(options, insert, lambda job: self._announce(job, values))
@@ -267,12 +270,14 @@ class Store:
             if not depends_on:
                 return self._insert_many(conn, rows)
             # Every job of the batch has the same dependencies, so the same start.
-            start = dependencies.prepare(conn, depends_on).values(values["created_at"])
+            start = dependencies.prepare(
+                conn, depends_on, require=options.require, batch_id=options.batch_id
+            ).values(values["created_at"])
             for row in rows:
                 row.update(start)
             made = self._insert_many(conn, rows, notify=start["status"] == dependencies.PENDING)
             new = [job.id for job in made if job.created_at is values["created_at"]]
-            dependencies.link(conn, new, depends_on)
+            dependencies.link(conn, new, depends_on, require=options.require)
             return made
 
         def announce(made: list[Job]) -> None:
@@ -293,16 +298,7 @@ class Store:
     ) -> T:
         """Run ``insert`` in the queue's own transaction, or in the caller's ``session``;
         wake the workers and announce the jobs once it has committed."""
-        target = options.session
-        caller: Session | Connection | None = None
-        if isinstance(target, Connection):
-            caller = target
-        elif target is not None:
-            # A Session: the caller has loaded the ORM, which the queue never needs itself.
-            from sqlalchemy.orm import scoped_session
-
-            # Flask-SQLAlchemy's db.session: write in the session of the current scope.
-            caller = target() if isinstance(target, scoped_session) else target
+        caller = _caller(options.session)
         if caller is None:
             made = self._insert_own(insert)
             self.wake()
@@ -426,6 +422,16 @@ class Store:
     def _new_job(self, job_id: int, values: dict[str, Any]) -> Job:
         """The Job for a row just inserted with ``values`` (saves reading it back)."""
         return Job.inserted(job_id, values, self)
+
+    def caller_connection(self, target: Session | scoped_session[Any] | Connection) -> Connection:
+        """The connection of a caller's ``session=``, checked to be on the queue's own
+        database.
+
+        :raises ValueError: it is bound to another database.
+        """
+        caller = _caller(target)
+        assert caller is not None
+        return self._caller_connection(caller)
 
     def _caller_connection(self, target: Session | Connection) -> Connection:
         conn = target if isinstance(target, Connection) else target.connection()
@@ -801,3 +807,16 @@ def error_reason(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None)
     lines = str(exc if orig is None else orig).strip().splitlines()
     return cut_text(lines[0] if lines else type(exc).__name__, 300)
+
+
+def _caller(
+    target: Session | scoped_session[Any] | Connection | None,
+) -> Session | Connection | None:
+    """What a ``session=`` writes in: a Connection, or a Session (of the current scope,
+    for Flask-SQLAlchemy's ``db.session``)."""
+    if target is None or isinstance(target, Connection):
+        return target
+    # A Session: the caller has loaded the ORM, which the queue never needs itself.
+    from sqlalchemy.orm import scoped_session
+
+    return target() if isinstance(target, scoped_session) else target

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from collections.abc import Iterator
 from collections.abc import Mapping
 from collections.abc import Sequence
+from dataclasses import dataclass
+from dataclasses import field
 from datetime import datetime
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -148,6 +150,12 @@ class Task(Generic[P, R]):
         """
         return _enqueue_many(self, calls, self.options)
 
+    def step(self, *args: P.args, **kwargs: P.kwargs) -> Step:
+        """A call of this task captured for a workflow, not enqueued:
+        ``queue.chain(fetch.step(url), parse.step())`` or ``queue.batch([...])``
+        (docs/workflows.md). Its arguments are checked when the workflow is enqueued."""
+        return Step(self, args, kwargs, self.options)
+
     def using(
         self,
         *,
@@ -240,6 +248,24 @@ class BoundTask(Generic[P, R]):
         jobs are written in that transaction). Give idempotency keys per call, with
         :class:`Call`; ``.using(idempotency_key=...)`` is refused here."""
         return _enqueue_many(self.task, calls, self.options)
+
+    def step(self, *args: P.args, **kwargs: P.kwargs) -> Step:
+        """:meth:`Task.step` with these options (``session=`` is the workflow's, and
+        ``depends_on`` adds to what the workflow makes it wait for)."""
+        return Step(self.task, args, kwargs, self.options)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One call of a task in a chain or a batch: what :meth:`Task.step` captured."""
+
+    task: Task[Any, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    options: EnqueueOptions = field(default_factory=EnqueueOptions)
+
+    def __repr__(self) -> str:
+        return f"<Step {self.task.name}>"
 
 
 def _enqueue_one(

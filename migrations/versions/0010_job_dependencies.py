@@ -1,9 +1,13 @@
-"""Job dependencies: the edges of workflows, and a flag on each job that has dependents.
+"""Job dependencies: the edges of workflows, a flag on each job that has dependents, and
+batches.
 
 ``sqlqueue_job_dependencies`` holds one row per (dependent job, job it depends on);
 ``sqlqueue_jobs.has_dependents`` is set on a job once another depends on it, so that a
 job without dependents finishes with no look at the new table. Every job existing at the
-upgrade has none.
+upgrade has none. Each edge says what the dependent ``require``s of its dependency
+(``completed``, ``finished`` or ``failed``). ``sqlqueue_batches`` holds batches with
+callbacks, and ``sqlqueue_jobs.batch_id`` the batch of a job (indexed, partially where
+the database can: most jobs are in none).
 
 A downgrade cancels the jobs still waiting for dependencies: the schema it returns to has
 no way to hold them back, and running them before their dependencies completed would be
@@ -30,8 +34,11 @@ depends_on = None
 
 JOBS = "sqlqueue_jobs"
 DEPENDENCIES = "sqlqueue_job_dependencies"
+BATCHES = "sqlqueue_batches"
+BATCH_INDEX = "ix_sqlqueue_jobs_batch_id"
 
 # Frozen copies of the model types: a migration must not change when the models do.
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 Timestamp = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 DOWNGRADED = (
     "DependencyFailed: cancelled by a schema downgrade to a version without job "
@@ -49,13 +56,35 @@ def upgrade() -> None:
         DEPENDENCIES,
         sa.Column("job_id", sa.BigInteger(), nullable=False),
         sa.Column("depends_on_id", sa.BigInteger(), nullable=False),
+        sa.Column("require", sa.String(16), server_default="completed", nullable=False),
         sa.PrimaryKeyConstraint("job_id", "depends_on_id", name="pk_sqlqueue_job_dependencies"),
         mysql_charset="utf8mb4",  # as every table of the queue, whatever the server's default
     )
     op.create_index("ix_sqlqueue_job_dependencies_depends_on_id", DEPENDENCIES, ["depends_on_id"])
+    op.add_column(JOBS, sa.Column("batch_id", sa.BigInteger(), nullable=True))
+    in_batch = sa.text("batch_id IS NOT NULL")
+    op.create_index(
+        BATCH_INDEX, JOBS, ["batch_id"], postgresql_where=in_batch, sqlite_where=in_batch
+    )
+    op.create_table(
+        BATCHES,
+        sa.Column("id", BigId, autoincrement=True, nullable=False),
+        sa.Column("label", sa.String(255), nullable=True),
+        sa.Column("size", sa.Integer(), nullable=False),
+        sa.Column("created_at", Timestamp, nullable=False),
+        sa.Column("on_success_id", sa.BigInteger(), nullable=True),
+        sa.Column("on_failure_id", sa.BigInteger(), nullable=True),
+        sa.Column("on_complete_id", sa.BigInteger(), nullable=True),
+        sa.PrimaryKeyConstraint("id", name="pk_sqlqueue_batches"),
+        sqlite_autoincrement=True,  # ids only grow, as the jobs' (core/models.py)
+        mysql_charset="utf8mb4",
+    )
 
 
 def downgrade() -> None:
+    op.drop_table(BATCHES)
+    op.drop_index(BATCH_INDEX, JOBS)
+    op.drop_column(JOBS, "batch_id")
     op.drop_index("ix_sqlqueue_job_dependencies_depends_on_id", DEPENDENCIES)
     op.drop_table(DEPENDENCIES)
     now = datetime.now(UTC)
