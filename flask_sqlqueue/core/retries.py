@@ -32,7 +32,7 @@ class PlannedAttempt:
 def retry_plan(job: Job, backoff: Backoff, own: BackoffFunc | None) -> list[PlannedAttempt]:
     """The attempts ``job`` has left, in order; none for a job that has ended.
 
-    :param backoff: the queue's backoff (``SQLQUEUE_BACKOFF_*``).
+    :param backoff: the queue's backoff (its base, cap and jitter settings).
     :param own: the task's own ``backoff=``, if it has one; where it fails or gives no
         usable delay the queue's is shown, as the worker then uses it.
     """

@@ -30,7 +30,6 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.engine import make_url
 
 from ..config import Settings
-from ..exceptions import ConfigurationError
 from ..exceptions import DatabaseFileChanged
 from ..exceptions import QueueUnavailable
 from . import dependencies
@@ -38,7 +37,9 @@ from . import lifecycle
 from . import signals
 from . import wakeup
 from .dialects import DialectOps
+from .dialects import check_scheme
 from .dialects import database_identity
+from .dialects import driver_missing
 from .dialects import for_dialect
 from .jobs import Job
 from .lifecycle import Backoff
@@ -58,14 +59,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: Schemes people write that SQLAlchemy does not know, and the one it does.
-_SCHEMES = {"postgres": "postgresql+psycopg"}
-#: By backend: the URL scheme with the driver the queue's extras install, and the extra.
-_DRIVERS = {
-    "postgresql": ("postgresql+psycopg", "postgres"),
-    "mysql": ("mysql+pymysql", "mysql"),
-    "mariadb": ("mariadb+pymysql", "mysql"),
-}
 
 # In-process wake-ups: a worker waiting for jobs is woken by an enqueue in the same
 # process at once instead of at its next poll. Keyed by database, so two queues on
@@ -141,25 +134,14 @@ class Store:
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
         url = make_url(settings.database_uri)
-        backend = url.get_backend_name()
-        if backend in _SCHEMES:
-            raise ConfigurationError(
-                f"{backend}:// is not a database URL scheme SQLAlchemy knows; write "
-                f"{_SCHEMES[backend]}://... (SQLQUEUE_DATABASE_URI)."
-            )
+        check_scheme(url)
         # Looked up from the URL, as there is no engine yet: an unsupported database is
         # refused before its driver is loaded.
-        options = for_dialect(backend).engine_options(url, settings.engine_options)
+        options = for_dialect(url.get_backend_name()).engine_options(url, settings.engine_options)
         try:
             engine = sa.create_engine(url, **options)
         except ImportError as exc:  # the URL's driver is not installed
-            scheme, extra = _DRIVERS.get(backend, (f"{backend}+<driver>", None))
-            install = f" (pip install 'flask-sqlqueue[{extra}]')" if extra else ""
-            raise ConfigurationError(
-                f"The database URL {url.render_as_string(hide_password=True)!r} needs the "
-                f"driver module {exc.name!r}, which is not installed; write {scheme}://..."
-                f"{install}, or install that driver."
-            ) from exc
+            raise driver_missing(url, exc) from exc
         return cls(engine, settings)
 
     # -- transactions -----------------------------------------------------------------

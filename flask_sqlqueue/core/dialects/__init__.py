@@ -10,6 +10,7 @@ import importlib
 
 import sqlalchemy as sa
 
+from ...exceptions import ConfigurationError
 from ...exceptions import UnsupportedDatabase
 from ..models import use_dialect
 from .base import DialectOps
@@ -41,6 +42,42 @@ def for_dialect(name: str) -> DialectOps:
     return ops()
 
 
+#: Schemes people write that SQLAlchemy does not know, and the one it does.
+_SCHEMES = {"postgres": "postgresql+psycopg"}
+#: By backend: the URL scheme with the driver the queue's extras install, and the extra.
+_DRIVERS = {
+    "postgresql": ("postgresql+psycopg", "postgres"),
+    "mysql": ("mysql+pymysql", "mysql"),
+    "mariadb": ("mariadb+pymysql", "mysql"),
+}
+
+
+def check_scheme(url: sa.URL) -> None:
+    """Refuse a URL scheme SQLAlchemy does not know, naming the one to write.
+
+    :raises ConfigurationError: ``postgres://`` (Heroku's and libpq's spelling).
+    """
+    backend = url.get_backend_name()
+    if backend in _SCHEMES:
+        raise ConfigurationError(
+            f"{backend}:// is not a database URL scheme SQLAlchemy knows; write "
+            f"{_SCHEMES[backend]}://... (SQLQUEUE_DATABASE_URI)."
+        )
+
+
+def driver_missing(url: sa.URL, exc: ImportError) -> ConfigurationError:
+    """The error for a URL whose driver module is not installed: the scheme of a driver
+    the queue's extras install, and the extra."""
+    backend = url.get_backend_name()
+    scheme, extra = _DRIVERS.get(backend, (f"{backend}+<driver>", None))
+    install = f" (pip install 'flask-sqlqueue[{extra}]')" if extra else ""
+    return ConfigurationError(
+        f"The database URL {url.render_as_string(hide_password=True)!r} needs the "
+        f"driver module {exc.name!r}, which is not installed; write {scheme}://..."
+        f"{install}, or install that driver."
+    )
+
+
 def database_identity(url: sa.URL) -> str:
     """A key that is equal for two URLs naming the same database (on any database, the
     queue's or not: a caller's session is compared with it)."""
@@ -48,4 +85,4 @@ def database_identity(url: sa.URL) -> str:
     return (_ops_class(backend) if backend in _OPS else DialectOps).identity(url)
 
 
-__all__ = ["DialectOps", "database_identity", "for_dialect"]
+__all__ = ["DialectOps", "check_scheme", "database_identity", "driver_missing", "for_dialect"]
