@@ -157,7 +157,7 @@ def test_status_shows_jobs_with_a_status_it_does_not_know(make_app: Any) -> None
     assert result.exit_code == 0, result.output
     header, row = result.stdout.splitlines()[:2]
     assert header.split()[-3:] == ["paused", "oldest", "eligible"]
-    assert row.split()[:7] == ["default", "0", "0", "0", "0", "0", "1"]
+    assert row.split()[:8] == ["default", "0", "0", "0", "0", "0", "0", "1"]
     assert "unknown status 'paused'" in result.stderr
 
 
