@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from flask_sqlqueue.config import Settings
 from flask_sqlqueue.core.diagnosis import FAIL
 from flask_sqlqueue.core.diagnosis import OK
+from flask_sqlqueue.core.diagnosis import WARN
 from flask_sqlqueue.core.dialects import database_identity
 from flask_sqlqueue.core.dialects import for_dialect
 from flask_sqlqueue.core.models import jobs
@@ -126,9 +127,13 @@ def _server_conn(name: str, version: tuple[int, ...], **dialect: Any) -> Any:
 
 def test_a_server_reports_its_version_or_why_it_is_refused() -> None:
     ops = for_dialect("postgresql")
-    (current,) = ops.diagnose(_server_conn("postgresql", (15, 4)))
+    current, wakes = ops.diagnose(_server_conn("postgresql", (15, 4), driver="psycopg"))
     assert (current.level, current.message) == (OK, "postgresql 15.4 with SKIP LOCKED")
-    (old,) = ops.diagnose(_server_conn("postgresql", (9, 4)))
+    assert (wakes.level, wakes.message) == (OK, "wake-ups: LISTEN/NOTIFY (driver psycopg)")
+    _, polls = ops.diagnose(_server_conn("postgresql", (15, 4), driver="pg8000"))
+    assert polls.level == WARN and "only at each poll" in polls.message
+    assert polls.fix and "postgresql+psycopg://" in polls.fix
+    old, _ = ops.diagnose(_server_conn("postgresql", (9, 4), driver="psycopg2"))
     assert old.level == FAIL and "9.4" in old.message
     assert old.fix == "upgrade the database server"
     (mariadb,) = for_dialect("mysql").diagnose(_server_conn("mysql", (10, 5), is_mariadb=True))

@@ -59,6 +59,7 @@ def test_an_attempt_derives_its_label_and_log_fields_from_its_claim() -> None:
         "sqlqueue_task": "shop.send",
         "sqlqueue_attempt": 2,
         "sqlqueue_idempotency_key": None,
+        "sqlqueue_queue": "mail",
     }
     assert attempt.token == "t0k"
     keyed = Attempt(claimed(idempotency_key="order-9"))
