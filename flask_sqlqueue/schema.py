@@ -78,17 +78,28 @@ def head() -> str:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    from alembic import command
-
     with engine.begin() as conn:
-        command.upgrade(_config(conn), revision)
+        upgrade_on(conn, revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
+    with engine.begin() as conn:
+        downgrade_on(conn, revision)
+
+
+def upgrade_on(conn: Connection, revision: str = "head") -> None:
+    """:func:`upgrade` on an open connection, in its transaction (an app's own
+    migration's: flask_sqlqueue.migrate)."""
     from alembic import command
 
-    with engine.begin() as conn:
-        command.downgrade(_config(conn), revision)
+    command.upgrade(_config(conn), revision)
+
+
+def downgrade_on(conn: Connection, revision: str) -> None:
+    """:func:`downgrade` on an open connection, in its transaction."""
+    from alembic import command
+
+    command.downgrade(_config(conn), revision)
 
 
 def current(engine: Engine) -> str | None:
