@@ -23,6 +23,7 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import schema
 from flask_sqlqueue.core import periodic
 from flask_sqlqueue.core.models import schedules
+from flask_sqlqueue.testing import enqueue_periodic
 from tests import periodic_app
 from tests.conftest import install_schema
 from tests.conftest import query
@@ -136,6 +137,16 @@ def test_a_schedule_disabled_before_any_worker_saw_it_never_runs_until_enabled(
     assert toggle(papp, "every_minute", True, at(10, 1, 30))
     sched.tick(at(10, 2, 5))
     assert keys(database_uri, "every_minute") == [slot_key("every_minute", at(10, 2))]
+
+
+def test_the_test_helpers_enqueue_no_slot_of_a_disabled_schedule(papp: Flask) -> None:
+    with papp.app_context():
+        periodic_app.queue.disable_schedule("every_minute")
+        made = enqueue_periodic(since=at(10, 0), until=at(11, 0))
+        assert {job.task for job in made} == {"hourly_backfill", "quarter_paris"}
+        periodic_app.queue.enable_schedule("every_minute")
+        again = enqueue_periodic(since=at(10, 0), until=at(10, 2))
+        assert [job.task for job in again] == ["every_minute"] * 2
 
 
 # -- real workers ------------------------------------------------------------------------------

@@ -157,6 +157,12 @@ def describe(
     return infos
 
 
+def disabled_schedules(conn: Connection) -> set[str]:
+    """The names of the schedules disabled now."""
+    rows = conn.execute(sa.select(schedules.c.task).where(sa.not_(schedules.c.enabled)))
+    return set(rows.scalars())
+
+
 def find_schedule(registry: Mapping[str, Task[Any, Any]], name: str) -> Task[Any, Any]:
     """The periodic task named ``name``.
 
