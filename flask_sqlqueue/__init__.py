@@ -27,6 +27,7 @@ from .exceptions import Retry as Retry
 from .exceptions import SchemaError as SchemaError
 from .exceptions import SQLQueueError as SQLQueueError
 from .exceptions import UnknownQueue as UnknownQueue
+from .exceptions import UnknownSchedule as UnknownSchedule
 from .exceptions import UnknownTask as UnknownTask
 from .facade import SQLQueue as SQLQueue
 
@@ -56,6 +57,7 @@ __all__ = [
     "Step",
     "Task",
     "UnknownQueue",
+    "UnknownSchedule",
     "UnknownTask",
     "Worker",
     "WorkerOptions",

@@ -156,6 +156,18 @@ class UnknownQueue(SQLQueueError, LookupError):
         )
 
 
+class UnknownSchedule(SQLQueueError, LookupError):
+    """A name that is no periodic task of the app (likely a typo)."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        listed = ", ".join(known) or "none"
+        super().__init__(
+            f"No schedule {name!r}: no periodic task of this app has that name "
+            f"(known schedules: {listed}); nothing was changed."
+        )
+
+
 class SchemaError(SQLQueueError):
     """The queue's tables are missing or older than this version of flask_sqlqueue."""
 

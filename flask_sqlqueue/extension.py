@@ -51,6 +51,8 @@ from .core.limits import TaskLimits
 from .core.periodic import DEFAULT_BACKFILL_LIMIT
 from .core.periodic import DEFAULT_BACKFILL_WINDOW
 from .core.periodic import Schedule
+from .core.periodic import ScheduleInfo
+from .core.periodic import describe as describe_schedules
 from .core.store import Store
 from .core.tasks import Step
 from .core.tasks import Task
@@ -592,6 +594,46 @@ class QueueExtension:
     def paused_queues(self) -> dict[str, datetime]:
         """Every paused queue, with the time it was paused."""
         return operations.paused_queues(self._store())
+
+    def schedules(self) -> list[ScheduleInfo]:
+        """Every periodic schedule of the app, by name: its cron expression, whether it
+        is enabled, the newest slot enqueued (its last run) and its next run."""
+        return describe_schedules(self._store(), self.registry)
+
+    def disable_schedule(self, name: str) -> bool:
+        """Stop every worker, on every host, from enqueueing the slots of the periodic
+        task ``name`` until :meth:`enable_schedule`; jobs already enqueued still run.
+
+        :returns: ``False`` if it was disabled already.
+        :raises UnknownSchedule: (a ``LookupError``) no periodic task has that name;
+            nothing is changed.
+        """
+        return self._set_schedule_enabled(name, enabled=False)
+
+    def enable_schedule(self, name: str) -> bool:
+        """Let the workers enqueue the slots of ``name`` again, from its next slot on:
+        the slots missed while it was disabled are not enqueued, backfill or not.
+
+        :returns: ``False`` if it was enabled already.
+        :raises UnknownSchedule: as :meth:`disable_schedule`.
+        """
+        return self._set_schedule_enabled(name, enabled=True)
+
+    def run_schedule(self, name: str) -> Job:
+        """Enqueue one run of the periodic task ``name`` now, with its schedule's
+        arguments, whether the schedule is enabled or not. The schedule's own slots
+        are untouched: its next slot runs on time as well.
+
+        :raises UnknownSchedule: as :meth:`disable_schedule`; nothing is enqueued.
+        """
+        state = self.state()
+        state.ensure_schema()
+        eager = state.eager_worker(resolve_app()) if state.settings.eager else None
+        return operations.run_schedule(state.store, name, registry=self.registry, eager=eager)
+
+    def _set_schedule_enabled(self, name: str, *, enabled: bool) -> bool:
+        store = self._store()
+        return operations.set_schedule_enabled(store, name, enabled=enabled, registry=self.registry)
 
     def _set_paused(self, name: str, *, paused: bool) -> bool:
         store = self._store()

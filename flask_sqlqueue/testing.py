@@ -235,16 +235,21 @@ def enqueue_periodic(
     app: Flask | None = None, *, since: datetime, until: datetime | None = None
 ) -> list[Job]:
     """Enqueue the slots of every periodic task with ``since < slot <= until`` (default:
-    now), as the workers' schedulers would: once per slot, under the same keys.
+    now), as the workers' schedulers would: once per slot, under the same keys, and none
+    of a schedule disabled now (``queue.disable_schedule()``).
 
     :returns: the jobs of those slots (new or already enqueued), oldest slot first.
     """
     state = _state(app)
     until = until or state.store.now()
     made: list[Job] = []
+    with state.store.read() as conn:
+        disabled = periodic.disabled_schedules(conn)
     for task in periodic.scheduled_tasks(state.registry):
         schedule = task.schedule
         assert schedule is not None
+        if task.name in disabled:
+            continue
         for slot in schedule.slots(since, until):
             made.append(periodic.enqueue_slot(state.store, task, schedule, slot))
     return sorted(made, key=lambda job: (job.run_at, job.id))

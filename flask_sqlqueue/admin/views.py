@@ -40,6 +40,7 @@ from ..core.models import JobStatus
 from ..core.retries import retry_plan
 from ..core.tasks import task_timeouts
 from ..exceptions import SQLQueueError
+from ..exceptions import UnknownSchedule
 from . import csrf
 from .workflow import BOX_HEIGHT
 from .workflow import BOX_WIDTH
@@ -459,7 +460,50 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
         back = url_for(".jobs", **{**filters.args(), "status": JobStatus.DEAD.value})
         return render_template("sqlqueue/confirm.html", filters=filters, count=count, back=back)
 
+    @bp.get("/schedules")
+    def schedules() -> str:
+        st = state()
+        now = st.store.now()
+        return render_template(
+            "sqlqueue/schedules.html",
+            now=now,
+            schedules=periodic.describe(st.store, queue.registry, now),
+        )
+
     # -- actions (POST only; the gate has checked the CSRF token) --------------------------
+
+    @bp.post("/schedules/<path:name>/enable")
+    def enable_schedule(name: str) -> BaseResponse:
+        return set_schedule_enabled(name, enabled=True)
+
+    @bp.post("/schedules/<path:name>/disable")
+    def disable_schedule(name: str) -> BaseResponse:
+        return set_schedule_enabled(name, enabled=False)
+
+    def set_schedule_enabled(name: str, *, enabled: bool) -> BaseResponse:
+        st = state()
+        try:
+            changed = operations.set_schedule_enabled(
+                st.store, name, enabled=enabled, registry=st.registry
+            )
+        except UnknownSchedule as exc:
+            abort(404, str(exc))
+        word = "enabled" if enabled else "disabled: no worker enqueues its runs"
+        if changed:
+            flash(f"Schedule {name} is {word}.", "success")
+        else:
+            flash(f"Schedule {name} was {'enabled' if enabled else 'disabled'} already.", "info")
+        return redirect(url_for(".schedules"), 303)
+
+    @bp.post("/schedules/<path:name>/run")
+    def run_schedule(name: str) -> BaseResponse:
+        state()  # the schema checked before anything is written
+        try:
+            job = queue.run_schedule(name)
+        except UnknownSchedule as exc:
+            abort(404, str(exc))
+        flash(f"Schedule {name}: one run enqueued now, as job {job.id}.", "success")
+        return redirect(url_for(".schedules"), 303)
 
     @bp.post("/queues/<name>/pause")
     def pause_queue(name: str) -> BaseResponse:

@@ -3,7 +3,7 @@
 ``flask_sqlqueue.SQLQueue.init_app`` adds :data:`queue_cli` to the app's commands. A
 module per theme adds its commands to the group: ``work``, ``inspecting`` (status, list,
 show, periodic, doctor), ``acting`` (retry, cancel, purge, rescue, pause, resume,
-enqueue) and ``db``.
+enqueue), ``schedules`` (list, disable, enable, run) and ``db``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from . import acting as acting
 from . import db as db
 from . import inspecting as inspecting
+from . import schedules as schedules
 from . import work as work
 from .base import db_cli as db_cli
 from .base import queue_cli as queue_cli

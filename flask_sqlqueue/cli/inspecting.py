@@ -154,9 +154,10 @@ def _echo_controls(state: QueueState, now: datetime) -> None:
 def _echo_schedules(state: QueueState, now: datetime) -> None:
     """One line per periodic task under ``flask queue status``."""
     for info in periodic.describe(state.store, state.registry, now):
+        when = f"next {format_time(info.next_run) or 'never'} UTC" if info.enabled else "disabled"
         click.echo(
             f"periodic {info.schedule.task}: {info.schedule.expression!r} "
-            f"({info.schedule.timezone}), next {format_time(info.next_run) or 'never'} UTC"
+            f"({info.schedule.timezone}), {when}"
         )
 
 
@@ -350,8 +351,8 @@ def periodic_command() -> None:
             info.schedule.task,
             info.schedule.expression,
             info.schedule.timezone,
-            format_time(info.next_run_local) or "never",
-            format_time(info.next_run) or "never",
+            format_time(info.next_run_local) or ("never" if info.enabled else "disabled"),
+            format_time(info.next_run) or ("never" if info.enabled else "disabled"),
             format_time(info.last_slot) or "-",
             info.queue,
             "yes" if info.schedule.backfill else "no",

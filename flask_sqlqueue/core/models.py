@@ -319,6 +319,11 @@ schedules = sa.Table(
     # When a scheduler first saw the schedule: no slot before it is ever enqueued.
     _column("created_at", UTCDateTime),
     _column("updated_at", UTCDateTime),
+    # Off: no scheduler enqueues its slots (set by `flask queue schedules disable`).
+    _column("enabled", sa.Boolean, default=True, server_default="1"),
+    # When ``enabled`` last changed; once enabled again, no slot up to it is enqueued,
+    # so the slots missed while it was off never come as a burst.
+    _column("toggled_at", UTCDateTime, null=True),
 )
 
 # The claim: pending jobs in priority order, then run_at, then id. Declared on the bound

@@ -1,5 +1,6 @@
 """What a person does to the queue, one function each, whichever door it comes through:
-the ``flask queue`` commands, the admin's buttons, or ``queue.pause()`` in Python.
+the ``flask queue`` commands, the admin's buttons, or ``queue.pause()`` in Python
+(and ``queue.disable_schedule()``, ``queue.run_schedule()`` for periodic schedules).
 
 Each runs in a write transaction of its own (retried while the database is busy, as
 every write of the queue is) and is all or nothing. Every one that makes a job runnable
@@ -24,8 +25,11 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from . import lifecycle
+from . import periodic
 from . import queries
 from . import queues
+from .enqueue import RunsJobs
+from .jobs import Job
 from .lifecycle import Cancellation
 from .models import JobStatus
 from .store import Store
@@ -164,3 +168,42 @@ def set_paused(
         changes (nor for an invalid name, a ``ValueError``).
     """
     return queues.set_paused(store, names, paused=paused, declared=declared_queues(registry))
+
+
+# -- periodic schedules ----------------------------------------------------------------------
+
+
+def set_schedule_enabled(
+    store: Store, name: str, *, enabled: bool, registry: Mapping[str, Task[Any, Any]]
+) -> bool:
+    """Enable or disable the periodic schedule ``name`` for every worker, on every host.
+
+    A disabled schedule's slots are not enqueued from the next pass of each scheduler;
+    enabled again, it carries on from its next slot (the ones missed meanwhile stay
+    missed, with or without backfill).
+
+    :returns: ``False`` if it was so already.
+    :raises UnknownSchedule: no periodic task of ``registry`` is named ``name``; nothing
+        changes.
+    """
+    task = periodic.find_schedule(registry, name)
+    now = store.now()
+    changed: bool = store.run_write(
+        lambda conn: periodic.set_enabled(conn, task.name, enabled, now)
+    )
+    return changed
+
+
+def run_schedule(
+    store: Store,
+    name: str,
+    *,
+    registry: Mapping[str, Task[Any, Any]],
+    eager: RunsJobs | None = None,
+) -> Job:
+    """Enqueue one run of the periodic schedule ``name`` now, enabled or not; its next
+    slot still runs on time (see :func:`.periodic.run_now`).
+
+    :raises UnknownSchedule: as :func:`set_schedule_enabled`; nothing is enqueued.
+    """
+    return periodic.run_now(store, periodic.find_schedule(registry, name), eager=eager)

@@ -25,6 +25,14 @@ Which slots a scheduler enqueues:
 - ``backfill=True``: also the slots missed since the newest slot enqueued (or since the
   schedule was first seen), at most ``backfill_limit`` of them (the newest ones) and
   none older than ``backfill_window``.
+
+A schedule can be disabled and enabled again at run time (:func:`set_enabled`): the flag
+is a column of the ledger row, read by the same locking ``SELECT`` that decides which
+slots to enqueue, so every scheduler obeys it from its next pass with no query of its
+own. A disabled schedule's slots are not enqueued and its ledger does not move; once it
+is enabled again, the slots up to that moment (``toggled_at``) stay missed, backfill or
+not, and it carries on from its next slot. :func:`run_now` enqueues one run out of the
+cadence, leaving the ledger alone.
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import SQLQueueError
+from ..exceptions import UnknownSchedule
+from .enqueue import RunsJobs
 from .enqueue import enqueue
 from .jobs import Job
 from .models import schedules
@@ -74,19 +84,36 @@ def last_slots(conn: Connection, names: Iterable[str]) -> dict[str, datetime | N
 
 def _cursor(row: Any) -> datetime:
     """Every slot up to this time is done: the newest one enqueued, or if none yet, the
-    moment the schedule was first seen."""
+    moment the schedule was first seen; or, if later, the moment it was last disabled
+    or enabled (the slots missed while it was off stay missed)."""
     cursor: datetime = row.last_slot if row.last_slot is not None else row.created_at
+    if row.toggled_at is not None and row.toggled_at > cursor:
+        cursor = row.toggled_at
     return cursor
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduleInfo:
-    """One schedule as ``flask queue periodic`` and the admin show it."""
+    """One schedule as ``flask queue schedules``, ``flask queue periodic`` and the admin
+    show it.
+
+    :ivar next_run: the next slot, in UTC; ``None`` while disabled, or if it never fires.
+    :ivar last_slot: the newest slot enqueued (its last run), ``None`` until the first.
+    :ivar enabled: ``False`` while disabled: no worker enqueues its slots.
+    :ivar toggled_at: when it was last disabled or enabled, ``None`` if never.
+    """
 
     schedule: Schedule
     queue: str
     next_run: datetime | None
     last_slot: datetime | None
+    enabled: bool = True
+    toggled_at: datetime | None = None
+
+    @property
+    def name(self) -> str:
+        """The schedule's name: its task's."""
+        return self.schedule.task
 
     @property
     def next_run_local(self) -> datetime | None:
@@ -96,23 +123,95 @@ class ScheduleInfo:
 def describe(
     store: Store, registry: Mapping[str, Task[Any, Any]], now: datetime | None = None
 ) -> list[ScheduleInfo]:
-    """Every schedule in ``registry`` with its next run and the newest slot enqueued."""
+    """Every schedule in ``registry``, by name, with its state, next run and the newest
+    slot enqueued."""
     now = now or store.now()
     tasks = scheduled_tasks(registry)
     if not tasks:
         return []
     with store.read() as conn:
-        last = last_slots(conn, [task.name for task in tasks])
-    return [
-        ScheduleInfo(
-            schedule=task.schedule,
-            queue=task.options.queue or "default",
-            next_run=task.schedule.next_slot(now),
-            last_slot=last.get(task.name),
+        rows = conn.execute(
+            sa.select(
+                schedules.c.task,
+                schedules.c.last_slot,
+                schedules.c.enabled,
+                schedules.c.toggled_at,
+            ).where(schedules.c.task.in_([task.name for task in tasks]))
         )
-        for task in tasks
-        if task.schedule is not None
-    ]
+        ledger = {row.task: row for row in rows}
+    infos = []
+    for task in tasks:
+        assert task.schedule is not None
+        row = ledger.get(task.name)  # none until a scheduler (or a toggle) first sees it
+        enabled = row is None or bool(row.enabled)
+        infos.append(
+            ScheduleInfo(
+                schedule=task.schedule,
+                queue=task.options.queue or "default",
+                next_run=task.schedule.next_slot(now) if enabled else None,
+                last_slot=None if row is None else row.last_slot,
+                enabled=enabled,
+                toggled_at=None if row is None else row.toggled_at,
+            )
+        )
+    return infos
+
+
+def disabled_schedules(conn: Connection) -> set[str]:
+    """The names of the schedules disabled now."""
+    rows = conn.execute(sa.select(schedules.c.task).where(sa.not_(schedules.c.enabled)))
+    return set(rows.scalars())
+
+
+def find_schedule(registry: Mapping[str, Task[Any, Any]], name: str) -> Task[Any, Any]:
+    """The periodic task named ``name``.
+
+    :raises UnknownSchedule: no periodic task of ``registry`` has that name.
+    """
+    task = registry.get(name) if isinstance(name, str) else None
+    if task is None or getattr(task, "schedule", None) is None:
+        known = [task.name for task in scheduled_tasks(registry)]
+        raise UnknownSchedule(name, known)
+    return task
+
+
+def set_enabled(conn: Connection, name: str, enabled: bool, now: datetime) -> bool:
+    """Enable or disable the schedule ``name`` (its ledger row is made if no scheduler
+    saw it yet); ``False`` if it was so already. Name checked by the caller."""
+    changed = sa.update(schedules).where(
+        schedules.c.task == name, schedules.c.enabled == (not enabled)
+    )
+    if conn.execute(changed.values(enabled=enabled, toggled_at=now, updated_at=now)).rowcount:
+        return True
+    if conn.execute(sa.select(schedules.c.task).where(schedules.c.task == name)).first():
+        return False  # so already
+    if enabled:
+        return False  # no row: enabled, as every schedule starts
+    try:
+        # A savepoint: a scheduler seeing the schedule first may insert the row first.
+        with conn.begin_nested():
+            conn.execute(
+                sa.insert(schedules).values(
+                    task=name,
+                    last_slot=None,
+                    created_at=now,
+                    updated_at=now,
+                    enabled=False,
+                    toggled_at=now,
+                )
+            )
+    except sa.exc.IntegrityError:
+        return set_enabled(conn, name, enabled, now)
+    return True
+
+
+def run_now(store: Store, task: Task[Any, Any], *, eager: RunsJobs | None = None) -> Job:
+    """Enqueue one run of periodic ``task`` now, with its schedule's arguments, enabled
+    or not. The ledger is left alone: the schedule's next slot runs as it would have."""
+    assert task.schedule is not None
+    args, kwargs = decode_payload(task.schedule.payload)  # the stored forms of typed arguments
+    (job,) = enqueue(store, task, [Call(args, kwargs)], EnqueueOptions(), encoded=True, eager=eager)
+    return job
 
 
 def scheduled_tasks(registry: Mapping[str, Task[Any, Any]]) -> list[Task[Any, Any]]:
@@ -198,6 +297,10 @@ class Scheduler:
             ).first()
             if row is None:  # the ledger row was deleted: the schedule starts afresh
                 del self._cursor[task.name]
+                return
+            if not row.enabled:
+                # Nothing to look at again before the next slot: the flag is read then.
+                self._cursor[task.name] = now
                 return
             cursor = _cursor(row)
             due, skipped = schedule.due(cursor, now)
