@@ -20,7 +20,8 @@ class SystemdNotifier:
     """systemd's ``sd_notify`` protocol: datagrams to ``$NOTIFY_SOCKET``.
 
     ``READY=1`` with the first healthy moment (``Type=notify``), ``WATCHDOG=1`` with each
-    one after it (``WatchdogSec=``), ``STOPPING=1`` when the worker stops. Sends nothing
+    one after it (``WatchdogSec=``), ``STOPPING=1`` once the worker is asked to stop (or
+    its run ends). Sends nothing
     when ``$NOTIFY_SOCKET`` is unset, i.e. when not run by systemd as ``Type=notify``.
     """
 
@@ -28,6 +29,7 @@ class SystemdNotifier:
         # "@name" is Linux's abstract namespace, spelt with a NUL byte on the wire.
         self.address = None if not address else "\0" + address[1:] if address[0] == "@" else address
         self._ready = False
+        self._stopping = False
 
     @classmethod
     def from_environment(cls) -> SystemdNotifier:
@@ -49,6 +51,12 @@ class SystemdNotifier:
             self.send("WATCHDOG=1")
         else:
             self._ready = self.send("READY=1\nSTATUS=claiming jobs")
+
+    def stopping(self) -> None:
+        """The worker stops (asked to, or its run ended): ``STOPPING=1``, once."""
+        if not self._stopping:
+            self._stopping = True
+            self.send("STOPPING=1")
 
     def send(self, message: str) -> bool:
         """Send one notification; ``False`` (logged) if it could not go."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -176,12 +177,13 @@ def work_command(
             os._exit(1)
         log.info("%s: finishing running jobs (up to %gs)", signal.Signals(signum).name, grace)
         worker.stop()
+        notifier.stopping()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(burst=burst)
     finally:
-        notifier.send("STOPPING=1")
+        notifier.stopping()
         if server is not None:
             server.close()
         for sig, handler in previous.items():
@@ -220,7 +222,11 @@ def _serve(app: Flask, worker: Worker, host: str, port: int) -> WorkerServer:
     try:
         return serve_worker(app, worker.health, host, port)
     except OSError as exc:
-        raise click.ClickException(
-            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; "
+        fix = (
             "give --metrics-port a free port"
+            if exc.errno == errno.EADDRINUSE
+            else "give --metrics-host an address of this host"
+        )
+        raise click.ClickException(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; {fix}"
         ) from None
