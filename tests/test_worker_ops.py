@@ -372,3 +372,44 @@ def test_the_notifier_reaches_an_abstract_socket_and_is_quiet_without_one() -> N
     assert got == ["READY=1\nSTATUS=claiming jobs", "WATCHDOG=1", "STOPPING=1"]
     silent = SystemdNotifier(None)
     assert not silent.active and not silent.send("READY=1")
+
+
+# -- recycling child processes ---------------------------------------------------------------
+
+
+@pytest.mark.sqlite_only
+def test_children_are_recycled_after_max_jobs_and_no_job_is_lost(
+    make_app: Any, database_uri: str, tmp_path: Path
+) -> None:
+    app = make_app()
+    log = tmp_path / "ran.log"
+    with app.app_context():
+        jobs = [sample_app.record.enqueue(str(log), f"t{n}") for n in range(9)]
+    with worker_process(
+        database_uri, "--processes", "2", "--max-jobs-per-child", "2", "--grace", "60"
+    ):
+
+        def all_done() -> bool:
+            with app.app_context():
+                return all(job.refresh().status == "completed" for job in jobs)
+
+        wait_for(all_done, "every job completed", timeout=4 * WAIT)
+    with app.app_context():
+        assert [job.refresh().attempts for job in jobs] == [1] * 9  # each ran once
+    done = [line.split() for line in log.read_text().splitlines() if line.startswith("done")]
+    assert sorted(int(job_id) for _, _, job_id, _, _ in done) == [job.id for job in jobs]
+    by_pid: dict[str, int] = {}
+    for *_, pid in done:
+        by_pid[pid] = by_pid.get(pid, 0) + 1
+    assert max(by_pid.values()) <= 2, by_pid  # no child ran a third job
+    assert len(by_pid) >= 5, by_pid  # 9 jobs, at most 2 per child
+
+
+@pytest.mark.sqlite_only
+def test_max_jobs_per_child_needs_child_processes(make_app: Any, database_uri: str) -> None:
+    make_app()
+    result = run_flask(database_uri, "queue", "work", "--burst", "--max-jobs-per-child", "5")
+    assert result.returncode == 2
+    assert "--max-jobs-per-child recycles child processes: give --processes N too" in (
+        result.stderr
+    )

@@ -68,6 +68,12 @@ WORKER_DEFAULTS = WorkerOptions()
     "threads): task timeouts are enforced and running jobs can be cancelled.",
 )
 @click.option(
+    "--max-jobs-per-child",
+    type=click.IntRange(1, None),
+    help="With --processes (or isolate=True tasks): a child process exits after this many "
+    "attempts and a fresh one takes its place, started during its last attempt.",
+)
+@click.option(
     "--claim-ahead",
     type=click.IntRange(0, 10_000),
     default=WORKER_DEFAULTS.claim_ahead,
@@ -118,6 +124,7 @@ def work_command(
     poll_interval: float,
     grace: float,
     processes: int | None,
+    max_jobs_per_child: int | None,
     claim_ahead: int,
     log_level: str,
     log_format: str,
@@ -137,7 +144,7 @@ def work_command(
     \b
     Example:
       flask queue work --queue default --queue mail --concurrency 4
-      flask queue work --processes 4
+      flask queue work --processes 4 --max-jobs-per-child 1000
       flask queue work --metrics-port 9100 --metrics-host 0.0.0.0
     """
     for name in queues:
@@ -146,6 +153,11 @@ def work_command(
     if processes and ctx.get_parameter_source("concurrency") is not ParameterSource.DEFAULT:
         raise click.UsageError("Give --processes or --concurrency, not both.")
     state = app_state()
+    isolated = any(task.isolate for task in state.registry.values())
+    if max_jobs_per_child and not (processes or isolated):
+        raise click.UsageError(
+            "--max-jobs-per-child recycles child processes: give --processes N too."
+        )
     logcontext.configure(
         logging.getLevelNamesMapping()[log_level.upper()], json_lines=log_format == "json"
     )
@@ -156,9 +168,10 @@ def work_command(
         grace=grace,
         processes=processes or 0,
         claim_ahead=claim_ahead,
+        max_jobs_per_child=max_jobs_per_child or 0,
     )
     loader = None
-    if processes or any(task.isolate for task in state.registry.values()):
+    if processes or isolated:
         from ..processes import AppLoader
 
         loader = AppLoader.from_script_info(ctx.ensure_object(ScriptInfo))
