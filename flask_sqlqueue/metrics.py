@@ -6,8 +6,9 @@ Two sources, one registry:
   status, jobs eligible now (queue depth) and the age of the oldest eligible job. Any
   process can serve these (the web app, a sidecar).
 - :class:`JobCounters` counts what the signals report in *this* process: enqueued jobs,
-  attempts by outcome with their durations, retries, dead and rescued jobs. Serve them
-  from the worker processes (``prometheus_client.start_http_server``).
+  attempts by outcome with their durations, retries, dead and rescued jobs. A worker
+  serves its own with ``flask queue work --metrics-port PORT`` (:func:`serve_worker`,
+  docs/operations.md), with its ``/healthz`` and ``/readyz``.
 
 ::
 
@@ -21,19 +22,25 @@ Two sources, one registry:
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler
+from http.server import ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 try:
     from prometheus_client import CONTENT_TYPE_LATEST
     from prometheus_client import CollectorRegistry
     from prometheus_client import Counter
     from prometheus_client import Histogram
+    from prometheus_client import ProcessCollector
     from prometheus_client import generate_latest
     from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.exposition import choose_encoder
     from prometheus_client.registry import Collector
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess
     raise ImportError(
@@ -53,9 +60,18 @@ from .core import queries
 from .core import signals
 from .core.models import JobStatus
 from .core.models import jobs
+from .core.worker import Health
 from .extension import queue_state
 
-__all__ = ["JobCounters", "QueueCollector", "QueueMetrics", "create_blueprint", "metrics_for"]
+__all__ = [
+    "JobCounters",
+    "QueueCollector",
+    "QueueMetrics",
+    "WorkerServer",
+    "create_blueprint",
+    "metrics_for",
+    "serve_worker",
+]
 
 #: Seconds; from a fast callback to a long report.
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
@@ -259,3 +275,79 @@ def create_blueprint(authorize: access.Authorize | None = None) -> Blueprint:
 
 def _refuse(message: str) -> Response:
     return Response(message + "\n", status=403, content_type="text/plain; charset=utf-8")
+
+
+# -- a worker's own port: its counters, its liveness and readiness -----------------------------
+
+
+class WorkerServer(ThreadingHTTPServer):
+    """The HTTP server of ``flask queue work --metrics-port``, on a thread of its own.
+
+    ``GET /metrics``: this process's :class:`JobCounters` (every attempt the worker
+    recorded, those its child processes ran included) and the process's CPU and memory;
+    no database gauges, which would repeat in every worker (serve those from one place,
+    :func:`create_blueprint`). ``GET /healthz``: 200 while the worker is live, else 503;
+    ``GET /readyz``: 200 while it claims jobs, else 503 (:class:`~.core.worker.Health`).
+    Neither touches the database. No ``authorize`` gate: bind it where only the scraper
+    and the orchestrator can reach it.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], app: Flask, health: Callable[[], Health]) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.health = health
+        self.registry = CollectorRegistry()
+        super().__init__(address, _WorkerHandler)  # binds first: nothing to undo if it fails
+        ProcessCollector(registry=self.registry)
+        self.counters = JobCounters(self.registry).connect(sender=app)
+        self._thread = threading.Thread(
+            target=self.serve_forever, name="sqlqueue-metrics", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop serving, close the socket and stop counting."""
+        self.shutdown()
+        self._thread.join(timeout=5)
+        self.server_close()
+        self.counters.disconnect()
+
+
+def serve_worker(app: Flask, health: Callable[[], Health], host: str, port: int) -> WorkerServer:
+    """Count ``app``'s jobs in this process and serve them on ``host:port`` from a daemon
+    thread, with the worker's ``health`` (see :class:`WorkerServer`).
+
+    :raises OSError: the address cannot be bound (a port in use, say); nothing was
+        started then.
+    """
+    return WorkerServer((host, port), app, health)
+
+
+class _WorkerHandler(BaseHTTPRequestHandler):
+    server: WorkerServer
+
+    def do_GET(self) -> None:
+        path = urlsplit(self.path).path
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, encoder(self.server.registry), content_type)
+            return
+        if path not in ("/healthz", "/readyz"):
+            self._send(404, b"not found; try /metrics, /healthz or /readyz\n")
+            return
+        health = self.server.health()
+        ok = health.live if path == "/healthz" else health.ready
+        text = "ok" if ok else health.reason
+        self._send(200 if ok else 503, f"{text}\n".encode())
+
+    def _send(self, status: int, body: bytes, content_type: str = "text/plain") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: a scrape or a probe every few seconds would flood the worker's log."""

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
+from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
 from click.core import ParameterSource
+from flask import Flask
 from flask.cli import ScriptInfo
 
 from ..core import logcontext
 from ..core.enqueue import check_options
+from ..core.worker import Worker
 from ..core.worker import WorkerOptions
 from ..extension import resolve_app
 from .base import app_state
 from .base import clean_errors
 from .base import queue_cli
+from .health import SystemdNotifier
+
+if TYPE_CHECKING:
+    from ..metrics import WorkerServer
 
 log = logging.getLogger("flask_sqlqueue.worker")
 #: The flags' defaults are the worker's own: written once, in ``WorkerOptions``.
@@ -59,6 +68,12 @@ WORKER_DEFAULTS = WorkerOptions()
     "threads): task timeouts are enforced and running jobs can be cancelled.",
 )
 @click.option(
+    "--max-jobs-per-child",
+    type=click.IntRange(1, None),
+    help="With --processes (or isolate=True tasks): a child process exits after this many "
+    "attempts and a fresh one takes its place, started during its last attempt.",
+)
+@click.option(
     "--claim-ahead",
     type=click.IntRange(0, 10_000),
     default=WORKER_DEFAULTS.claim_ahead,
@@ -82,6 +97,25 @@ WORKER_DEFAULTS = WorkerOptions()
     help="json: one JSON object per line, with the job's fields (job_id, task, attempt, "
     "queue, outcome, duration). Applies where the app has not configured logging.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    help="Serve this worker's Prometheus counters on /metrics, and /healthz and /readyz, "
+    "on this port (needs the [prometheus] extra).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="The address --metrics-port listens on; 0.0.0.0 (or ::) for a scraper or a "
+    "probe from outside the host or container.",
+)
+@click.option(
+    "--health-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Touch this file on every heartbeat that went through: its age is the time since "
+    "the worker last could claim.",
+)
 @clean_errors
 def work_command(
     queues: tuple[str, ...],
@@ -90,9 +124,13 @@ def work_command(
     poll_interval: float,
     grace: float,
     processes: int | None,
+    max_jobs_per_child: int | None,
     claim_ahead: int,
     log_level: str,
     log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    health_file: Path | None,
 ) -> None:
     """Run jobs until stopped.
 
@@ -106,7 +144,8 @@ def work_command(
     \b
     Example:
       flask queue work --queue default --queue mail --concurrency 4
-      flask queue work --processes 4
+      flask queue work --processes 4 --max-jobs-per-child 1000
+      flask queue work --metrics-port 9100 --metrics-host 0.0.0.0
     """
     for name in queues:
         check_options(queue=name)
@@ -114,6 +153,11 @@ def work_command(
     if processes and ctx.get_parameter_source("concurrency") is not ParameterSource.DEFAULT:
         raise click.UsageError("Give --processes or --concurrency, not both.")
     state = app_state()
+    isolated = any(task.isolate for task in state.registry.values())
+    if max_jobs_per_child and not (processes or isolated):
+        raise click.UsageError(
+            "--max-jobs-per-child recycles child processes: give --processes N too."
+        )
     logcontext.configure(
         logging.getLevelNamesMapping()[log_level.upper()], json_lines=log_format == "json"
     )
@@ -124,13 +168,19 @@ def work_command(
         grace=grace,
         processes=processes or 0,
         claim_ahead=claim_ahead,
+        max_jobs_per_child=max_jobs_per_child or 0,
     )
     loader = None
-    if processes or any(task.isolate for task in state.registry.values()):
+    if processes or isolated:
         from ..processes import AppLoader
 
         loader = AppLoader.from_script_info(ctx.ensure_object(ScriptInfo))
-    worker = state.queue.worker(options, resolve_app(), loader=loader)
+    app = resolve_app()
+    worker = state.queue.worker(options, app, loader=loader)
+    notifier = SystemdNotifier.from_environment()
+    _watch_health(worker, notifier, health_file)
+    # Bound before the first claim: a port in use stops the worker with nothing claimed.
+    server = None if metrics_port is None else _serve(app, worker, metrics_host, metrics_port)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         # Log records, not bare lines: with --log-format json every line parses.
@@ -140,10 +190,56 @@ def work_command(
             os._exit(1)
         log.info("%s: finishing running jobs (up to %gs)", signal.Signals(signum).name, grace)
         worker.stop()
+        notifier.stopping()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(burst=burst)
     finally:
+        notifier.stopping()
+        if server is not None:
+            server.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _watch_health(worker: Worker, notifier: SystemdNotifier, health_file: Path | None) -> None:
+    """Push the worker's healthy moments to the health file and to systemd."""
+    if health_file is not None:
+        try:
+            health_file.open("a").close()  # writable? (its first touch is the first beat's)
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot write the health file {health_file}: {exc.strerror}; "
+                "give --health-file a path in a writable directory"
+            ) from None
+        worker.on_healthy(health_file.touch)
+    if notifier.active:
+        watchdog = notifier.watchdog_seconds()
+        interval = worker.options.heartbeat_interval
+        if watchdog is not None and watchdog < 2 * interval:
+            log.warning(
+                "WatchdogSec=%gs is less than two heartbeats (%gs each): systemd may kill a "
+                "healthy worker; raise WatchdogSec or lower SQLQUEUE_STALE_AFTER",
+                watchdog,
+                interval,
+            )
+        worker.on_healthy(notifier.healthy)
+
+
+def _serve(app: Flask, worker: Worker, host: str, port: int) -> WorkerServer:
+    try:
+        from ..metrics import serve_worker
+    except ImportError as exc:  # its message names the extra to install
+        raise click.ClickException(f"--metrics-port: {exc}") from None
+    try:
+        return serve_worker(app, worker.health, host, port)
+    except OSError as exc:
+        fix = (
+            "give --metrics-port a free port"
+            if exc.errno == errno.EADDRINUSE
+            else "give --metrics-host an address of this host"
+        )
+        raise click.ClickException(
+            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}; {fix}"
+        ) from None

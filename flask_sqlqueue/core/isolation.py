@@ -11,6 +11,8 @@ process whose death, say by a SIGTERM sent to the whole group, leaves the parent
 to tell whether a child still runs), loads the app once through a picklable
 :class:`RuntimeLoader`, then runs one attempt at a time sent over a pipe. A child thrown
 away is replaced at once, in the background, so the next attempt rarely waits for one.
+With ``max_jobs`` (``--max-jobs-per-child``) a child is retired after that many attempts,
+between two of them; its successor starts with its last one.
 ``current_job`` works inside it, and ``reserve_effect`` writes through the child's own
 engine, fenced by the attempt's claim token as in a thread.
 
@@ -153,6 +155,10 @@ class _Child:
         self.process.start()
         theirs.close()
         self.ready = False
+        #: Attempts sent to it; with ``max_jobs`` it is retired after that many.
+        self.jobs = 0
+        #: Whether its successor was started already (ahead of its last attempt).
+        self.succeeded = False
         # A busy child may be stopped by its job's thread (a timeout, a lost claim) and
         # by the worker's shutdown at once: the pipe must be closed once.
         self._stop_lock = threading.Lock()
@@ -255,10 +261,15 @@ class Isolation:
     """The worker's child processes: at most one per job thread, reused between attempts.
 
     :param loader: builds the app in each child (picklable).
+    :param max_jobs: retire a child once it ran this many attempts (``None``: never). Its
+        successor is started when it takes its last one, so that it has loaded the app by
+        the time the slot needs it; the retired child exits between attempts, never
+        during one.
     """
 
-    def __init__(self, loader: RuntimeLoader) -> None:
+    def __init__(self, loader: RuntimeLoader, max_jobs: int | None = None) -> None:
         self.loader = loader
+        self.max_jobs = max_jobs
         self._lock = threading.Lock()
         self._idle: list[_Child] = []
         self._busy: set[_Child] = set()
@@ -312,6 +323,7 @@ class Isolation:
         forms, :class:`ClaimLost` or :class:`JobCancelled`."""
         message = ("run", _fields(ctx), list(args), dict(kwargs))
         child = self._acquire()
+        self._count(child)
         try:
             try:
                 outcome = child.run(message, timeout, cancelled, ctx.id)
@@ -320,6 +332,7 @@ class Isolation:
                 child.stop(KILL_GRACE)
                 self._release(child, keep=False)
                 child = self._acquire()
+                self._count(child)
                 outcome = child.run(message, timeout, cancelled, ctx.id)
         except BaseException:
             self._release(child, keep=False)
@@ -327,7 +340,10 @@ class Isolation:
                 # The worker is shutting down and handed this job back already.
                 raise ClaimLost(ctx.id) from None
             raise
-        self._release(child, keep=True)
+        if self.max_jobs is not None and child.jobs >= self.max_jobs:
+            self._retire(child)
+        else:
+            self._release(child, keep=True)
         return _outcome(outcome, ctx.id)
 
     def close(self) -> None:
@@ -340,6 +356,22 @@ class Isolation:
             child.stop(KILL_GRACE)
         for child in idle:
             child.shut_down(KILL_GRACE)
+
+    def _count(self, child: _Child) -> None:
+        """Count the attempt ``child`` is about to run; at its last, start its successor."""
+        child.jobs += 1
+        if self.max_jobs is not None and child.jobs >= self.max_jobs and not child.succeeded:
+            child.succeeded = True
+            self._add_spare()
+
+    def _retire(self, child: _Child) -> None:
+        """Let ``child``, done with its attempts, exit (its successor is on its way): on a
+        thread of its own, so the outcome is recorded without waiting for the exit."""
+        with self._lock:
+            self._busy.discard(child)
+        threading.Thread(
+            target=child.shut_down, args=(KILL_GRACE,), name="sqlqueue-child-retire", daemon=True
+        ).start()
 
     def _new_child(self) -> _Child:
         with self._lock:
@@ -376,17 +408,21 @@ class Isolation:
             if keep and not self._closing:
                 self._idle.append(child)
                 return
-            replace = not keep and not self._closing
+            replace = not keep and not self._closing and not child.succeeded
         child.stop(KILL_GRACE)
         if replace:
             # Start its successor now: it loads the app while this outcome is recorded
             # and the next job claimed. (Readiness is awaited when it is first used.)
-            spare = self._new_child()
-            with self._lock:
-                if not self._closing:
-                    self._idle.append(spare)
-                    return
-            spare.stop(0)
+            self._add_spare()
+
+    def _add_spare(self) -> None:
+        """Start a child and keep it idle (it is waited for when first used)."""
+        spare = self._new_child()
+        with self._lock:
+            if not self._closing:
+                self._idle.append(spare)
+                return
+        spare.stop(0)
 
 
 def _fields(ctx: JobContext) -> dict[str, Any]:

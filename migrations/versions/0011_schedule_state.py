@@ -6,7 +6,7 @@ again, and every worker's scheduler obeys the flag it reads with the schedule's 
 up to that moment is enqueued. A downgrade drops both, so a disabled schedule runs again
 from its next slot.
 
-Revision ID: 0015_schedule_state
+Revision ID: 0011
 Revises: 0010
 Create Date: 2026-12-01
 """
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import mysql
 
-revision = "0015_schedule_state"
+revision = "0011"
 down_revision = "0010"
 branch_labels = None
 depends_on = None

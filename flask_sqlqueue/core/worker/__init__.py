@@ -53,9 +53,10 @@ from .dispatch import Dispatcher
 from .options import WorkerOptions as WorkerOptions
 from .outcomes import Outcomes
 from .slots import Slots
+from .upkeep import Health as Health
 from .upkeep import Upkeep
 
-__all__ = ["Worker", "WorkerOptions"]
+__all__ = ["Health", "Worker", "WorkerOptions"]
 
 log = logging.getLogger("flask_sqlqueue.worker")
 
@@ -101,6 +102,7 @@ class Worker:
         self._stopping = threading.Event()
         self._asked_to_stop = False  # by stop(), rather than a --burst run's end
         self._wake = threading.Event()
+        self._running = False  # between run()'s start and its end
         self._slots = Slots()
         self._outcomes = Outcomes(
             store,
@@ -187,10 +189,12 @@ class Worker:
             ",".join(self._task_names),
         )
         self._upkeep.warn_unserved()
+        self._running = True
         try:
             # Returns once every running job is recorded or handed back.
             self._dispatcher.run(burst)
         finally:
+            self._running = False
             if self._upkeep.fatal is not None:
                 why = f"the database failed ({self._upkeep.fatal})"
             else:
@@ -221,6 +225,17 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
+
+    def health(self) -> Health:
+        """Whether :meth:`run` is alive and claiming, from what the worker's own threads
+        last saw: no database round trip, so a probe may call it as often as it likes."""
+        return self._upkeep.health(running=self._running, stopping=self.stopping)
+
+    def on_healthy(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when :meth:`run` starts and after each heartbeat that went
+        through, on the heartbeat thread: a health file's touch, a watchdog's ping. It
+        must be quick; what it raises is logged."""
+        self._upkeep.on_healthy.append(callback)
 
     def close(self) -> None:
         """Mark this worker's row stopped: it is no longer alive."""

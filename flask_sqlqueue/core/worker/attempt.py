@@ -150,7 +150,11 @@ class Runner:
         self._worker_id = worker_id
         self._log_db_error = log_db_error
         # Child processes for isolated attempts (see isolation.py); started when needed.
-        self._isolation = None if loader is None else Isolation(loader)
+        self._isolation = (
+            None
+            if loader is None
+            else Isolation(loader, max_jobs=options.max_jobs_per_child or None)
+        )
 
     def run(self, attempt: Attempt) -> Outcome:
         """Run ``attempt``'s task in its own app context and ``current_job``; say how it

@@ -30,6 +30,10 @@ class WorkerOptions:
     #: At most this many jobs claimed ahead of the free threads while recent jobs are
     #: short (core/worker/dispatch.py); 0 claims only for free threads.
     claim_ahead: int = 64
+    #: A child process exits after running this many attempts and is replaced (0: never),
+    #: so a task that leaks memory cannot grow a child forever. Its successor starts
+    #: while it runs its last attempt.
+    max_jobs_per_child: int = 0
 
     def __post_init__(self) -> None:
         if type(self.processes) is not int or self.processes < 0:
@@ -41,6 +45,10 @@ class WorkerOptions:
                     "runs N jobs at once, each in a child process."
                 )
             object.__setattr__(self, "concurrency", self.processes)
+        if type(self.max_jobs_per_child) is not int or self.max_jobs_per_child < 0:
+            raise ConfigurationError(
+                f"max_jobs_per_child must be 0 or more, got {self.max_jobs_per_child!r}."
+            )
         if type(self.claim_ahead) is not int or self.claim_ahead < 0:
             raise ConfigurationError(f"claim_ahead must be 0 or more, got {self.claim_ahead!r}.")
         if type(self.concurrency) is not int or self.concurrency < 1:

@@ -7,6 +7,8 @@ heartbeating, prunes finished jobs when that is due, and now and then warns of p
 jobs that no live worker would claim. On SQLite it first checks that the file at the
 database's path is still the one this worker opened. The worker stops claiming while its
 own heartbeats fail (:meth:`Upkeep.may_claim`): others may be rescuing its jobs.
+What the heartbeat knows is also the worker's :class:`Health`, for an orchestrator's
+probes, read without a database round trip of their own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import uuid
 from collections.abc import Callable
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 from typing import Any
@@ -44,6 +47,22 @@ log = logging.getLogger("flask_sqlqueue.worker")
 
 #: Seconds between two checks for pending jobs that no live worker claims.
 COVERAGE_INTERVAL = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A worker's health as its own threads last saw it (no database round trip).
+
+    ``live``: :meth:`Worker.run` is running and its heartbeat thread finished a round,
+    whether the database answered or not, within ``stale_after`` seconds: the process is
+    not wedged. ``ready``: the worker claims jobs: it is running and not stopping, its
+    last heartbeat went through, and that was within ``stale_after`` seconds (the same
+    test that lets it claim). ``reason`` says why one of them is false ("" when both hold).
+    """
+
+    live: bool
+    ready: bool
+    reason: str = ""
 
 
 def new_worker_id() -> str:
@@ -99,6 +118,13 @@ class Upkeep:
         self.last_heartbeat_ok = time.monotonic()
         #: Why run() must fail once it returns: nothing can be written any more.
         self.fatal: DatabaseFileChanged | None = None
+        #: Why the last heartbeat failed (``None`` once one went through).
+        self.heartbeat_error: str | None = None
+        #: When the heartbeat thread last finished a round, failed or not (monotonic).
+        self.last_round = time.monotonic()
+        #: Called on the heartbeat thread after each heartbeat that went through (the
+        #: health file, the systemd watchdog); must be quick, and never raise.
+        self.on_healthy: list[Callable[[], None]] = []
         # Other machines' heartbeats as this worker saw them (see rescue()).
         self._watch = HeartbeatWatch()
         # The first round comes a random part of the interval in, so workers started
@@ -144,6 +170,24 @@ class Upkeep:
                 log.warning("worker %s could not remove its row; it will expire", self.id)
             self.registered = False
 
+    def health(self, *, running: bool, stopping: bool) -> Health:
+        """The worker's :class:`Health` now; ``running`` and ``stopping`` are the worker's."""
+        now = time.monotonic()
+        stale = self._options.stale_after
+        if not running:
+            return Health(False, False, "the worker is not running")
+        if self.fatal is not None:
+            return Health(False, False, str(self.fatal))
+        if now - self.last_round > stale:
+            return Health(False, False, f"no heartbeat round for {now - self.last_round:.0f}s")
+        if stopping:
+            return Health(True, False, "the worker is stopping")
+        if self.heartbeat_error is not None:
+            return Health(True, False, f"the heartbeat fails: {self.heartbeat_error}")
+        if now - self.last_heartbeat_ok > stale:
+            return Health(True, False, f"no heartbeat for {now - self.last_heartbeat_ok:.0f}s")
+        return Health(True, True)
+
     def may_claim(self) -> bool:
         """Whether the heartbeat went through within ``stale_after``; logs each change."""
         if time.monotonic() - self.last_heartbeat_ok > self._options.stale_after:
@@ -164,6 +208,9 @@ class Upkeep:
         """Start the heartbeat thread. It beats until :meth:`stop`: through the grace
         period too, until the worker is done with every job."""
         self._exited.clear()
+        self.heartbeat_error = None
+        self.last_round = time.monotonic()
+        self._healthy()  # registered just now: a heartbeat of its own
         self._thread = threading.Thread(
             target=self._heartbeat_loop, name="sqlqueue-heartbeat", daemon=True
         )
@@ -202,12 +249,16 @@ class Upkeep:
                     self.register()
                     log.error("worker %s was declared dead; continuing as %s", old, self.id)
             except sa.exc.SQLAlchemyError as exc:
+                self.heartbeat_error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+                self.last_round = time.monotonic()
                 self.log_db_error("heartbeat", exc)
                 continue
             now = time.monotonic()
             if now - last_ok > 2 * interval:  # failed, blocked or declared dead meanwhile
                 healthy_since = now
             self.last_heartbeat_ok = now
+            self.heartbeat_error = None
+            self._healthy()
             self._record_late()
             if now - healthy_since >= self._options.stale_after:
                 self.rescue()
@@ -216,6 +267,14 @@ class Upkeep:
             self._prune_if_due()
             if now >= self._next_coverage:
                 self.warn_unserved()
+            self.last_round = time.monotonic()
+
+    def _healthy(self) -> None:
+        for callback in self.on_healthy:
+            try:
+                callback()
+            except Exception:  # a full disk must not stop the heartbeat
+                log.exception("worker %s: a health callback failed", self.id)
 
     def _watch_heartbeats(self) -> None:
         # From the first heartbeat on, so the first rescue need not watch STALE_AFTER more.

@@ -1,0 +1,415 @@
+"""What ``flask queue work`` tells the people and programs that run it: its Prometheus
+port, its liveness and readiness, its health file and systemd's notifications.
+
+Real worker processes on the sample app, scraped and probed over real HTTP; the database
+taken away for real (a SQLite write lock held by another connection, a PostgreSQL
+database that refuses connections).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+
+from flask_sqlqueue.cli.health import SystemdNotifier
+from flask_sqlqueue.core.worker import Health
+from flask_sqlqueue.core.worker import WorkerOptions
+from tests import sample_app
+from tests.conftest import ROOT
+from tests.conftest import flask_env
+from tests.conftest import fresh_database
+from tests.conftest import run_flask
+from tests.conftest import server_url
+from tests.waiting import WAIT
+from tests.waiting import scaled
+from tests.waiting import wait_for
+from tests.workers import running
+
+ADD = "tests.sample_app.add"
+FAILS = "tests.sample_app.always_fails"
+#: A short STALE_AFTER: heartbeats every 0.75 s, readiness lost within 3 s of the last.
+FAST = {"SQLQUEUE_STALE_AFTER": 3, "SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.5}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    """``GET http://127.0.0.1:port/path``: the status and the body (also of a 503)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def samples(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The scrape of ``/metrics``: (sample name, sorted labels) -> value."""
+    status, text = get(port, "/metrics")
+    assert status == 200, text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def attempts(port: int, task: str, outcome: str, name: str = "sqlqueue_attempts_total") -> float:
+    labels = (("outcome", outcome), ("queue", "default"), ("task", task))
+    return samples(port).get((name, labels), 0.0)
+
+
+@contextlib.contextmanager
+def worker_process(
+    database_uri: str, *args: str, config: dict[str, Any] | None = None, **env: str
+) -> Iterator[subprocess.Popen[str]]:
+    """``flask queue work ARGS`` in a child process; SIGTERM at the end, which must exit 0."""
+    environ = flask_env(database_uri, **env)
+    if config:
+        environ["FLASK_APP"] = f"tests.sample_app:create_app({config!r})"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flask", "queue", "work", "--poll-interval", "0.2", *args],
+        env=environ,
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def serving(proc: subprocess.Popen[str], port: int) -> None:
+    """Wait for the worker's port to answer (the app loads first)."""
+
+    def up() -> bool:
+        assert proc.poll() is None, "the worker exited"
+        try:
+            return get(port, "/healthz")[0] == 200
+        except OSError:
+            return False
+
+    wait_for(up, "the worker's /healthz", timeout=WAIT)
+
+
+# -- metrics --------------------------------------------------------------------------------
+
+
+def test_the_metrics_port_counts_the_attempts_the_worker_recorded(
+    make_app: Any, database_uri: str
+) -> None:
+    _scrape_after_jobs(make_app, database_uri)
+
+
+@pytest.mark.sqlite_only
+def test_the_metrics_port_counts_the_attempts_its_child_processes_ran(
+    make_app: Any, database_uri: str
+) -> None:
+    # The children are the same on every backend: the parent records and counts.
+    _scrape_after_jobs(make_app, database_uri, "--processes", "2")
+
+
+def _scrape_after_jobs(make_app: Any, database_uri: str, *extra: str) -> None:
+    """Run 3 jobs that succeed and 2 that fail for good on a worker with a metrics port;
+    its scrape counts each attempt, by outcome, with its duration."""
+    app = make_app()
+    with app.app_context():
+        added = [sample_app.add.enqueue(n, n) for n in range(3)]
+        for _ in range(2):
+            sample_app.always_fails.using(max_attempts=1).enqueue("down")
+    port = free_port()
+    with worker_process(database_uri, "--metrics-port", str(port), *extra) as proc:
+        serving(proc, port)
+        wait_for(
+            lambda: attempts(port, ADD, "succeeded") == 3 and attempts(port, FAILS, "failed") == 2,
+            "3 successes and 2 failures on the worker's /metrics",
+        )
+        scrape = samples(port)
+        dead = scrape[("sqlqueue_jobs_dead_total", (("queue", "default"), ("task", FAILS)))]
+        assert dead == 2
+        # Every attempt's duration is observed, in the histogram of its outcome.
+        assert attempts(port, ADD, "succeeded", "sqlqueue_attempt_duration_seconds_count") == 3
+        assert attempts(port, FAILS, "failed", "sqlqueue_attempt_duration_seconds_count") == 2
+        # The worker's own process, and no database gauge (those repeat in every worker).
+        assert any(name == "process_resident_memory_bytes" for name, _ in scrape)
+        assert not any(name.startswith("sqlqueue_queue_depth") for name, _ in scrape)
+        assert get(port, "/nothing")[0] == 404
+    with app.app_context():
+        assert [job.refresh().result for job in added] == [0, 2, 4]
+
+
+@pytest.mark.sqlite_only
+def test_a_bad_port_host_or_health_file_stops_the_worker_before_it_claims(
+    make_app: Any, database_uri: str
+) -> None:
+    app = make_app()
+    with app.app_context():
+        job = sample_app.add.enqueue(1, 2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_flask(database_uri, "queue", "work", "--burst", "--metrics-port", str(port))
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: cannot serve metrics on 127.0.0.1:{port}: "), result.stderr
+    assert "Address already in use; give --metrics-port a free port" in last
+    # An address not of this host (TEST-NET-1) is refused too, naming the other flag.
+    result = run_flask(
+        database_uri,
+        "queue",
+        "work",
+        "--burst",
+        "--metrics-port",
+        "9",
+        "--metrics-host",
+        "192.0.2.1",
+    )
+    assert result.returncode == 1
+    assert "give --metrics-host an address of this host" in result.stderr, result.stderr
+    result = run_flask(database_uri, "queue", "work", "--burst", "--health-file", "/nonexistent/h")
+    assert result.returncode == 1
+    assert "cannot write the health file /nonexistent/h: " in result.stderr, result.stderr
+    with app.app_context():
+        job.refresh()
+    assert job.status == "pending" and job.attempts == 0  # nothing was claimed
+
+
+@pytest.mark.sqlite_only
+def test_without_prometheus_client_the_error_names_the_extra(
+    make_app: Any, database_uri: str, tmp_path: Path
+) -> None:
+    app = make_app()
+    with app.app_context():
+        job = sample_app.add.enqueue(1, 2)
+    # A prometheus_client that cannot be imported, ahead of the installed one on the path.
+    (tmp_path / "prometheus_client.py").write_text("raise ImportError('not installed')\n")
+    env = flask_env(database_uri)
+    env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
+    result = subprocess.run(
+        [sys.executable, "-m", "flask", "queue", "work", "--burst", "--metrics-port", "1"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "pip install 'flask-sqlqueue[prometheus]'" in result.stderr
+    with app.app_context():
+        job.refresh()
+    assert job.status == "pending" and job.attempts == 0
+
+
+# -- health ----------------------------------------------------------------------------------
+
+
+@pytest.mark.sqlite_only
+def test_health_is_live_and_ready_only_while_the_worker_runs(make_app: Any) -> None:
+    app = make_app()
+    worker = sample_app.queue.worker(WorkerOptions(stale_after=3, poll_interval=0.05), app)
+    beats: list[float] = []
+    worker.on_healthy(lambda: beats.append(time.monotonic()))
+    worker.on_healthy(lambda: 1 / 0)  # a failing callback is logged, the beats go on
+    assert worker.health() == Health(False, False, "the worker is not running")
+    with running(worker):
+        wait_for(lambda: worker.health() == Health(True, True), "live and ready")
+        wait_for(lambda: len(beats) >= 3, "the first beat and two heartbeats")
+    assert worker.health() == Health(False, False, "the worker is not running")
+
+
+def _probe_through_an_outage(
+    database_uri: str,
+    health_file: Path,
+    cut: Any,
+    restore: Any,
+) -> None:
+    """Start a worker; readiness holds while the database works, turns false once
+    ``cut()`` took it away, and comes back after ``restore()``. The health file's
+    modification time follows the heartbeats that went through."""
+    port = free_port()
+    with worker_process(
+        database_uri,
+        "--metrics-port",
+        str(port),
+        "--health-file",
+        str(health_file),
+        config={**FAST, "SQLQUEUE_DATABASE_URI": database_uri},
+    ) as proc:
+        serving(proc, port)
+        wait_for(lambda: get(port, "/readyz") == (200, "ok\n"), "ready")
+        wait_for(health_file.exists, "the health file")
+        first = health_file.stat().st_mtime_ns
+        wait_for(lambda: health_file.stat().st_mtime_ns > first, "a second healthy beat")
+        cut()
+        try:
+            wait_for(lambda: get(port, "/readyz")[0] == 503, "readiness lost", timeout=WAIT)
+            status, reason = get(port, "/readyz")
+            assert status == 503 and ("heartbeat" in reason), reason
+            # No healthy beat while the database is away: the file ages.
+            stale = health_file.stat().st_mtime_ns
+            time.sleep(scaled(3 * 0.75))
+            if get(port, "/readyz")[0] == 503:  # still cut off (it is, until restore())
+                assert health_file.stat().st_mtime_ns == stale
+        finally:
+            restore()
+        wait_for(lambda: get(port, "/readyz") == (200, "ok\n"), "ready again", timeout=WAIT)
+        assert health_file.stat().st_mtime_ns > stale
+        assert get(port, "/healthz") == (200, "ok\n")
+
+
+@pytest.mark.sqlite_only
+def test_readiness_turns_false_while_sqlite_is_locked(
+    make_app: Any, database_uri: str, tmp_path: Path
+) -> None:
+    make_app()
+    path = sa.make_url(database_uri).database
+    assert path is not None
+    holder = sqlite3.connect(path, isolation_level=None, timeout=30)
+
+    def cut() -> None:
+        holder.execute("BEGIN EXCLUSIVE")  # every other writer waits, then fails
+
+    def restore() -> None:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+
+    try:
+        _probe_through_an_outage(database_uri, tmp_path / "health", cut, restore)
+    finally:
+        holder.close()
+
+
+def test_readiness_turns_false_while_postgresql_refuses_connections(tmp_path: Path) -> None:
+    server = server_url("postgresql")  # skips the test when no server is configured
+    with fresh_database("postgresql") as uri:
+        name = sa.make_url(uri).database
+        app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri})
+        sample_app.queue.upgrade_database(app=app)
+        app.extensions["sqlqueue"].store.engine.dispose()
+        admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+
+        def cut() -> None:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS false")
+                conn.exec_driver_sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+                )
+
+        def restore() -> None:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"ALTER DATABASE {name} ALLOW_CONNECTIONS true")
+
+        try:
+            _probe_through_an_outage(uri, tmp_path / "health", cut, restore)
+        finally:
+            admin.dispose()
+
+
+@pytest.mark.sqlite_only
+def test_the_worker_speaks_systemds_notify_protocol(
+    make_app: Any, database_uri: str, tmp_path: Path
+) -> None:
+    make_app()
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.settimeout(WAIT)
+        received: list[str] = []
+
+        def receive(message: str, times: int = 1) -> None:
+            while received.count(message) < times:
+                received.append(sock.recv(4096).decode())
+
+        with worker_process(
+            database_uri,
+            config={**FAST, "SQLQUEUE_DATABASE_URI": database_uri},
+            NOTIFY_SOCKET=address,
+            WATCHDOG_USEC="10000000",
+        ):
+            receive("READY=1\nSTATUS=claiming jobs")
+            receive("WATCHDOG=1", times=2)  # after each heartbeat that went through
+        receive("STOPPING=1")
+    assert received[0] == "READY=1\nSTATUS=claiming jobs"
+    assert received[-1] == "STOPPING=1"
+
+
+def test_the_notifier_reaches_an_abstract_socket_and_is_quiet_without_one() -> None:
+    name = f"sqlqueue-test-{time.monotonic_ns()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)  # "@name" in $NOTIFY_SOCKET
+        sock.settimeout(WAIT)
+        notifier = SystemdNotifier("@" + name)
+        notifier.healthy()
+        notifier.healthy()
+        notifier.stopping()
+        notifier.stopping()  # once
+        got = [sock.recv(4096).decode() for _ in range(3)]
+    assert got == ["READY=1\nSTATUS=claiming jobs", "WATCHDOG=1", "STOPPING=1"]
+    silent = SystemdNotifier(None)
+    assert not silent.active and not silent.send("READY=1")
+
+
+# -- recycling child processes ---------------------------------------------------------------
+
+
+@pytest.mark.sqlite_only
+def test_children_are_recycled_after_max_jobs_and_no_job_is_lost(
+    make_app: Any, database_uri: str, tmp_path: Path
+) -> None:
+    app = make_app()
+    log = tmp_path / "ran.log"
+    with app.app_context():
+        jobs = [sample_app.record.enqueue(str(log), f"t{n}") for n in range(9)]
+    with worker_process(
+        database_uri, "--processes", "2", "--max-jobs-per-child", "2", "--grace", "60"
+    ):
+
+        def all_done() -> bool:
+            with app.app_context():
+                return all(job.refresh().status == "completed" for job in jobs)
+
+        wait_for(all_done, "every job completed", timeout=4 * WAIT)
+    with app.app_context():
+        assert [job.refresh().attempts for job in jobs] == [1] * 9  # each ran once
+    done = [line.split() for line in log.read_text().splitlines() if line.startswith("done")]
+    assert sorted(int(job_id) for _, _, job_id, _, _ in done) == [job.id for job in jobs]
+    by_pid: dict[str, int] = {}
+    for *_, pid in done:
+        by_pid[pid] = by_pid.get(pid, 0) + 1
+    assert max(by_pid.values()) <= 2, by_pid  # no child ran a third job
+    assert len(by_pid) >= 5, by_pid  # 9 jobs, at most 2 per child
+
+
+@pytest.mark.sqlite_only
+def test_max_jobs_per_child_needs_child_processes(make_app: Any, database_uri: str) -> None:
+    make_app()
+    result = run_flask(database_uri, "queue", "work", "--burst", "--max-jobs-per-child", "5")
+    assert result.returncode == 2
+    assert "--max-jobs-per-child recycles child processes: give --processes N too" in (
+        result.stderr
+    )
