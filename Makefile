@@ -41,7 +41,7 @@ lint: $(STAMP)
 
 ## make docs: the documentation site, built into site/ with MkDocs; a warning fails it.
 docs: $(DOCS_STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) site dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

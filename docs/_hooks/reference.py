@@ -12,9 +12,14 @@ from __future__ import annotations
 import html
 import inspect
 import logging
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
+
+# The checkout's package, whichever one the environment has installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from flask_sqlqueue import config as queue_config
 from flask_sqlqueue.cli import queue_cli
@@ -58,10 +63,10 @@ def _command_section(full: str, command: click.Command) -> str:
     if arguments:
         lines += ["| argument | required | repeatable |", "|---|---|---|"]
         for argument in arguments:
-            lines.append(
-                f"| `{_cell(argument.human_readable_name)}` | {'yes' if argument.required else 'no'} "
-                f"| {'yes' if argument.nargs == -1 else 'no'} |"
-            )
+            required = "yes" if argument.required else "no"
+            repeatable = "yes" if argument.nargs == -1 else "no"
+            name = _cell(argument.human_readable_name)
+            lines.append(f"| `{name}` | {required} | {repeatable} |")
         lines.append("")
     if options:
         lines += ["| option | meaning |", "|---|---|"]
