@@ -3,6 +3,8 @@
 - ``<!-- cli-reference -->`` in a page becomes the reference of every ``flask queue``
   command, read from the click commands themselves (usage, arguments, options with
   their defaults, help), so it cannot go stale.
+- The docstrings' Sphinx roles (``:class:`Job```, ``:meth:`~Task.using```), which
+  mkdocstrings leaves as text, become plain code in the rendered pages.
 - The configuration page must name every key of ``flask_sqlqueue.config.KEYS``; a key
   it lacks is a warning (an error with ``--strict``).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import html
 import inspect
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ from flask_sqlqueue.cli import queue_cli
 log = logging.getLogger("mkdocs.hooks.reference")
 
 MARKER = "<!-- cli-reference -->"
+# A role before a code span, and the "~" that asks Sphinx to show the last name only.
+_ROLE = re.compile(r":(?:class|meth|func|data|attr|exc|mod|obj):(<code>)~?")
 CONFIG_PAGE = "reference/configuration.md"
 
 
@@ -97,3 +102,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
             if f"`{key}`" not in markdown:
                 log.warning("%s does not document the config key %s", CONFIG_PAGE, key)
     return markdown
+
+
+def on_page_content(html_text: str, page: Any, config: Any, files: Any) -> str:
+    return _ROLE.sub(r"\1", html_text)
