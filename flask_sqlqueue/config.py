@@ -119,6 +119,10 @@ def _synchronous(value: Any) -> str:
     raise ValueError
 
 
+_FLAG = (
+    "True or False (as a string: 'true', '1', 'yes', 'on' or 'false', '0', 'no', 'off', "
+    "in any case)"
+)
 _KEEP = (
     "a number of seconds or a timedelta, more than zero and at most 100 years, or None "
     "to keep forever (as a string: '604800' or 'none')"
@@ -129,6 +133,8 @@ _KEEP = (
 #: the URI means "a file in the instance folder".
 KEYS: dict[str, Key] = {
     "SQLQUEUE_DATABASE_URI": Key(None, _uri, "a database URL string"),
+    # Flask-SQLAlchemy's database (its default engine's URL) instead of a URI of its own.
+    "SQLQUEUE_USE_APP_DATABASE": Key(False, _flag, _FLAG),
     "SQLQUEUE_ENGINE_OPTIONS": Key(
         {}, _options, "a dict of create_engine arguments (or that dict as a JSON string)"
     ),
@@ -137,12 +143,7 @@ KEYS: dict[str, Key] = {
     "SQLQUEUE_BACKOFF_CAP": _number(3600.0, minimum=0),
     "SQLQUEUE_BACKOFF_JITTER": _number(20.0, minimum=0),
     "SQLQUEUE_STALE_AFTER": _number(60.0, minimum=1),
-    "SQLQUEUE_EAGER": Key(
-        False,
-        _flag,
-        "True or False (as a string: 'true', '1', 'yes', 'on' or 'false', '0', 'no', "
-        "'off', in any case)",
-    ),
+    "SQLQUEUE_EAGER": Key(False, _flag, _FLAG),
     "SQLQUEUE_SQLITE_SYNCHRONOUS": Key("FULL", _synchronous, f"one of {', '.join(_SYNCHRONOUS)}"),
     "SQLQUEUE_SQLITE_BUSY_TIMEOUT": _number(30.0, minimum=0),
     # Retention: how long finished jobs are kept before the workers delete them (seconds
@@ -201,6 +202,8 @@ class Settings:
 
     # Each default is its key's, from KEYS: written once, there.
     database_uri: str
+    #: The URI is Flask-SQLAlchemy's (read by the extension), not ``SQLQUEUE_DATABASE_URI``.
+    use_app_database: bool = default("SQLQUEUE_USE_APP_DATABASE")
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     max_attempts: int = default("SQLQUEUE_MAX_ATTEMPTS")
     backoff_base: float = default("SQLQUEUE_BACKOFF_BASE")
@@ -221,17 +224,37 @@ class Settings:
     prune_interval: float = default("SQLQUEUE_PRUNE_INTERVAL")
 
     @classmethod
-    def from_mapping(cls, config: Mapping[str, Any], instance_path: str) -> Settings:
+    def from_mapping(
+        cls,
+        config: Mapping[str, Any],
+        instance_path: str,
+        app_database: Callable[[], str] | None = None,
+    ) -> Settings:
         """Build settings from a Flask config, refusing unknown keys and bad values with a
         message per key.
 
-        :raises ConfigurationError: an unknown ``SQLQUEUE_*`` key, or a value that cannot
-            be read as its key's type.
+        :param app_database: the URL of the app's own database (Flask-SQLAlchemy's), for
+            ``SQLQUEUE_USE_APP_DATABASE``; called only when that is set.
+        :raises ConfigurationError: an unknown ``SQLQUEUE_*`` key, a value that cannot
+            be read as its key's type, or both ``SQLQUEUE_DATABASE_URI`` and
+            ``SQLQUEUE_USE_APP_DATABASE``.
         """
         check_keys(config)
         # Each key fills the field of its name: SQLQUEUE_MAX_ATTEMPTS is max_attempts.
         values = {name.removeprefix(PREFIX).lower(): read(config, name) for name in KEYS}
-        if values["database_uri"] is None:
+        if values["use_app_database"]:
+            if values["database_uri"] is not None:
+                raise ConfigurationError(
+                    "SQLQUEUE_USE_APP_DATABASE uses the app's Flask-SQLAlchemy database, and "
+                    "SQLQUEUE_DATABASE_URI names one too; set one of them, not both."
+                )
+            if app_database is None:
+                raise ConfigurationError(
+                    "SQLQUEUE_USE_APP_DATABASE needs the app's database URL, which only the "
+                    "Flask extension can read (queue.init_app(app))."
+                )
+            values["database_uri"] = app_database()
+        elif values["database_uri"] is None:
             values["database_uri"] = "sqlite:///" + os.path.join(
                 instance_path, DEFAULT_DATABASE_FILE
             )

@@ -9,6 +9,7 @@ users import, is the façade above them all (``facade.py``) that wires them in.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from collections.abc import Iterable
@@ -36,6 +37,7 @@ from .core import batches
 from .core import operations
 from .core.aio import in_thread
 from .core.batches import Batch
+from .core.dialects import in_folder
 from .core.enqueue import Call
 from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
@@ -153,6 +155,30 @@ def queue_state(app: Flask | None = None, *, queue: QueueExtension | None = None
     return found
 
 
+def _flask_sqlalchemy_url(app: Flask) -> str:
+    """The URL of the default engine of the app's Flask-SQLAlchemy, for
+    ``SQLQUEUE_USE_APP_DATABASE``: the queue opens an engine of its own on it (its
+    connections need settings of their own: docs/flask-sqlalchemy.md).
+
+    :raises ConfigurationError: Flask-SQLAlchemy is not set up on the app (yet).
+    """
+    db = app.extensions.get("sqlalchemy")
+    if db is None:
+        raise ConfigurationError(
+            "SQLQUEUE_USE_APP_DATABASE is set, but Flask-SQLAlchemy is not set up on this "
+            "app: call db.init_app(app) before queue.init_app(app)."
+        )
+    with app.app_context():
+        engine = db.engines.get(None)
+    if engine is None:
+        raise ConfigurationError(
+            "SQLQUEUE_USE_APP_DATABASE is set, but Flask-SQLAlchemy has no default "
+            "database on this app: set SQLALCHEMY_DATABASE_URI."
+        )
+    url: str = engine.url.render_as_string(hide_password=False)
+    return url
+
+
 class QueueExtension:
     """The Flask extension proper: ``init_app``, tasks, producing and reading jobs,
     workers. Users import its subclass ``flask_sqlqueue.SQLQueue``, which adds the
@@ -179,7 +205,14 @@ class QueueExtension:
             )
         for key, default in DEFAULTS.items():
             app.config.setdefault(key, dict(default) if isinstance(default, dict) else default)
-        settings = Settings.from_mapping(app.config, instance_path=app.instance_path)
+        settings = Settings.from_mapping(
+            app.config, app.instance_path, app_database=lambda: _flask_sqlalchemy_url(app)
+        )
+        # A relative SQLite path is read from the instance folder, as Flask-SQLAlchemy
+        # reads its own: the same file whichever directory a worker is started from.
+        uri = in_folder(settings.database_uri, app.instance_path)
+        if uri != settings.database_uri:
+            settings = dataclasses.replace(settings, database_uri=uri)
         store = Store.from_settings(settings)
         store.signal_sender = app  # signals name the app, as Flask's own do
         app.extensions[EXTENSION_KEY] = QueueState(self, settings, store)

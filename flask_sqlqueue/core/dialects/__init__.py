@@ -65,6 +65,20 @@ def check_scheme(url: sa.URL) -> None:
         )
 
 
+def in_folder(uri: str, folder: str) -> str:
+    """``uri`` with a relative SQLite path read from ``folder`` (the app's instance
+    folder), as Flask-SQLAlchemy reads ``SQLALCHEMY_DATABASE_URI``; any other URL as it is.
+
+    :raises ConfigurationError: the relative path names no file in ``folder`` but one
+        in the working directory, where earlier releases read it (moving on in silence
+        would leave that file's jobs behind).
+    """
+    url = sa.make_url(uri)
+    check_scheme(url)
+    placed = for_dialect(url.get_backend_name()).in_folder(url, folder)
+    return uri if placed is url else placed.render_as_string(hide_password=False)
+
+
 def driver_missing(url: sa.URL, exc: ImportError) -> ConfigurationError:
     """The error for a URL whose driver module is not installed: the scheme of a driver
     the queue's extras install, and the extra."""

@@ -233,6 +233,11 @@ class DialectOps:
         this database's defaults for what they leave out. Default: ``options`` as given."""
         return dict(options)
 
+    def in_folder(self, url: sa.URL, folder: str) -> sa.URL:
+        """``url`` with a relative file path read from ``folder`` (the app's instance
+        folder), as Flask-SQLAlchemy reads it. Default: ``url`` (a server's)."""
+        return url
+
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         """Install whatever connection set-up the database needs. Default: nothing."""
 

@@ -64,6 +64,31 @@ class SQLiteOps(DialectOps):
         os.makedirs(os.path.dirname(os.path.abspath(url.database)) or ".", exist_ok=True)
         return dict(options)
 
+    def in_folder(self, url: sa.URL, folder: str) -> sa.URL:
+        name = url.database
+        if (
+            not name
+            or name == ":memory:"
+            or name.startswith("file:")  # an SQLite URI filename (?uri=true)
+            or os.path.isabs(name)
+        ):
+            return url
+        placed = os.path.join(folder, name)
+        before = os.path.abspath(name)  # where the queue used to read it: the working directory
+        if (
+            before != os.path.abspath(placed)
+            and os.path.exists(before)
+            and not os.path.exists(placed)
+        ):
+            raise ConfigurationError(
+                f"The database URL {url.render_as_string()!r} has a relative path, which is "
+                f"read from the app's instance folder, as Flask-SQLAlchemy reads it: "
+                f"{placed}. That file does not exist, but {before} (the same path from the "
+                "working directory) does. Move that file to the instance folder, or write "
+                f"its absolute path: sqlite:///{before}"
+            )
+        return url.set(database=placed)
+
     @classmethod
     def identity(cls, url: sa.URL) -> str:
         return "sqlite:" + os.path.realpath(url.database or ":memory:")
