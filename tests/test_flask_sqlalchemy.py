@@ -30,6 +30,7 @@ def make(instance: Path, config: dict[str, Any]) -> tuple[Flask, SQLAlchemy, SQL
     notes through ``db.session``, set up in that order."""
     app = Flask(__name__, instance_path=str(instance))
     app.config.update(SQLQUEUE_BACKOFF_BASE=0, SQLQUEUE_BACKOFF_JITTER=0, **config)
+
     class Base(DeclarativeBase):  # one per app: each declares its own Note
         pass
 
@@ -108,7 +109,7 @@ def test_the_apps_database_is_the_queues_with_one_line(
 
 
 def test_a_relative_sqlite_path_of_flask_sqlalchemy_is_the_same_file(instance: Path) -> None:
-    app, db, queue = make(
+    app, db, _queue = make(
         instance, {"SQLALCHEMY_DATABASE_URI": "sqlite:///app.db", "SQLQUEUE_USE_APP_DATABASE": "1"}
     )
     try:
