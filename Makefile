@@ -3,14 +3,21 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint docs venv clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or newer is needed (set PYTHON=...)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
+
+# The documentation tools on top (the `docs` extra): `make docs`, and `make test`, whose
+# tests/test_docs.py builds the site.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+	@touch $(DOCS_STAMP)
 
 venv: $(STAMP)
 
@@ -22,7 +29,7 @@ demo: $(STAMP)
 ## PYTEST_ARGS overrides the defaults, e.g. PYTEST_ARGS="-n 0 -k worker". Four test
 ## processes on two cores: most tests wait on worker processes and database servers.
 PYTEST_ARGS ?= -n 4
-test: lint
+test: lint $(DOCS_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## make lint: ruff, mypy, and the import contracts of pyproject.toml (docs/architecture.md).
@@ -32,5 +39,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+## make docs: the documentation site, built into site/ with MkDocs; a warning fails it.
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) site dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -83,7 +83,7 @@ def test_every_key_the_package_reads_is_known() -> None:
     # or init_app would refuse a key the docs tell users to set.
     named: set[str] = set()
     sources = [*(ROOT / "flask_sqlqueue").rglob("*.py"), ROOT / "README.md"]
-    for path in [*sources, *(ROOT / "docs").glob("*.md")]:
+    for path in [*sources, *(ROOT / "docs").rglob("*.md")]:
         for line in path.read_text().splitlines():
             if "did you mean" not in line:  # the README's example of a typo
                 named |= set(re.findall(r"SQLQUEUE_[A-Z_]*[A-Z]", line))
