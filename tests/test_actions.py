@@ -436,6 +436,7 @@ def test_cli_retry_with_edits(flask_app: Flask) -> None:
     ("args", "fragment"),
     [
         (["--args", '["a", "b"]'], "does not take these arguments"),
+        (["--args", '["a", "b"]'], "Nothing was replayed."),
         (["--kwargs", "[]"], "--kwargs must be a JSON object"),
         (["--args", "{"], "--args is not valid JSON"),
         (["--to-queue", "bad queue"], "not a valid queue name"),

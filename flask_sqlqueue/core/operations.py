@@ -217,6 +217,8 @@ def replay_edited(
         if row is None:
             raise InvalidTransition(f"No job with id {job_id}; nothing replayed.")
         job = Job.from_row(row)
+        # First: a job in the wrong state is refused as such, whatever its new arguments.
+        replayed = lifecycle.replay(conn, [job_id], now)
         before: dict[str, Any] = {}
         after: dict[str, Any] = {}
         values: dict[str, Any] = {}
@@ -236,7 +238,6 @@ def replay_edited(
         if priority is not None and priority != job.priority:
             before["priority"], after["priority"] = job.priority, priority
             values["priority"] = priority
-        replayed = lifecycle.replay(conn, [job_id], now)
         if values:
             lifecycle.change_replayed(conn, job_id, values)
         if audit is not None:
@@ -269,8 +270,9 @@ def _edited_payload(
     try:
         return encode_arguments(store, task, args, kwargs, encoded=True)
     except (TypeError, ValueError) as exc:
-        if exc.args and isinstance(exc.args[0], str) and "Nothing" not in exc.args[0]:
-            exc.args = (f"{exc.args[0]} Nothing was replayed.", *exc.args[1:])
+        if exc.args and isinstance(exc.args[0], str):  # say what did not happen here
+            message = exc.args[0].replace(" Nothing was enqueued.", "")
+            exc.args = (f"{message} Nothing was replayed.", *exc.args[1:])
         raise
 
 
