@@ -16,10 +16,12 @@ from click.testing import Result
 from flask import Flask
 from flask import redirect
 
+from flask_sqlqueue import schema
 from flask_sqlqueue.admin import views
 from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
 from tests.conftest import query
+from tests.conftest import table_names
 from tests.test_admin import Admin
 from tests.test_admin import dead_job
 from tests.test_admin import pending_job
@@ -495,3 +497,15 @@ def test_cli_purge_audit_deletes_only_old_entries(flask_app: Flask) -> None:
     assert [entry[0] for entry in audit_rows(uri)] != ["old"]
     assert len(audit_rows(uri)) == 1
     assert_error(cli(flask_app, "purge-audit", "--older-than", "soon"), "not an age")
+
+
+def test_the_audit_migration_downgrades_and_upgrades(admin: Admin) -> None:
+    job_id = pending_job(admin)
+    admin.post(f"/jobs/{job_id}/cancel")
+    engine = admin.app.extensions["sqlqueue"].store.engine
+    schema.downgrade(engine, "0010")
+    assert "sqlqueue_audit_log" not in table_names(admin.database_uri)
+    assert admin.status(job_id) == "cancelled"  # the jobs are left alone
+    schema.upgrade(engine)
+    assert "sqlqueue_audit_log" in table_names(admin.database_uri)
+    assert audit_rows(admin.database_uri) == []
