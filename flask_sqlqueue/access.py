@@ -12,6 +12,10 @@ Only ``True`` opens, because a gate that opened for anything truthy would let th
 the redirect meant for an anonymous visitor, or ``current_user`` itself, which
 Flask-Login's anonymous user also is. Without ``authorize`` every request is refused,
 with a message saying how to configure it.
+
+The admin has a second gate for changes: ``authorize_write()``, asked the same way about
+every POST that ``authorize`` let through (a read-only user gets a 403 saying so). Without
+it, whoever may read may act.
 """
 
 from __future__ import annotations
@@ -69,3 +73,30 @@ def gate(
     if isinstance(answer, BaseResponse):
         return answer
     return refuse(forbidden(what, answer))
+
+
+def read_only(what: str, answer: Any) -> str:
+    """The message of a change ``authorize_write()`` did not let through."""
+    message = (
+        f"You may look at the {what} but not change anything: this action needs write "
+        "access, which authorize_write() did not grant. Ask whoever runs the app for it."
+    )
+    if answer is not None and not isinstance(answer, bool):
+        message += (
+            f" (authorize_write() answered a {type(answer).__name__}; only True lets a "
+            "change through, and a response is sent as it is.)"
+        )
+    return message
+
+
+def gate_write(
+    authorize_write: Authorize, refuse: Callable[[str], BaseResponse], *, what: str
+) -> BaseResponse | None:
+    """Ask ``authorize_write`` about a change (a request ``authorize`` let through):
+    ``None`` lets it through, a response is what to answer instead."""
+    answer = authorize_write()
+    if answer is True:
+        return None
+    if isinstance(answer, BaseResponse):
+        return answer
+    return refuse(read_only(what, answer))

@@ -81,7 +81,12 @@ class SQLQueue(QueueExtension):
         return drain(app, include_scheduled=include_scheduled, now=now)
 
     def admin_blueprint(
-        self, authorize: Callable[[], Any] | None = None, *, notice: str | None = None
+        self,
+        authorize: Callable[[], Any] | None = None,
+        *,
+        notice: str | None = None,
+        authorize_write: Callable[[], Any] | None = None,
+        actor: Callable[[], Any] | None = None,
     ) -> Blueprint:
         """The admin dashboard as a blueprint named ``"sqlqueue"``; register it with a
         ``url_prefix``. Its forms need ``app.secret_key`` (CSRF tokens).
@@ -102,11 +107,21 @@ class SQLQueue(QueueExtension):
             dashboard is closed: every request is a 403 saying how to configure it.
         :param notice: a warning shown in a banner at the top of every page, e.g. that
             this instance is a demo with open access.
+        :param authorize_write: the check for changes (a read-only mode, docs/admin.md):
+            asked as ``authorize`` is about every POST that ``authorize`` let through;
+            ``True`` lets it through, a response is sent as it is, anything else is a
+            403 saying the user may look but not act, and the pages show no action
+            buttons. Without it, whoever ``authorize`` lets in may act.
+        :param actor: returns who is acting, as the audit log names them (e.g.
+            ``lambda: current_user.email``); without it, the request's remote address
+            (or ``"unknown"``).
         """
         # Imported here: a worker process has no use for the admin's views.
         from .admin import create_blueprint
 
-        return create_blueprint(self, authorize, notice=notice)
+        return create_blueprint(
+            self, authorize, notice=notice, authorize_write=authorize_write, actor=actor
+        )
 
     def metrics_blueprint(self, authorize: Callable[[], Any] | None = None) -> Blueprint:
         """A blueprint serving ``GET /metrics`` for Prometheus: the queue's gauges read

@@ -8,6 +8,8 @@
 Every request, assets included, calls ``authorize()``: ``True`` lets it through, a
 response (a redirect to the login page, say) is sent as it is, anything else is a 403;
 without ``authorize`` every request is refused (see :mod:`flask_sqlqueue.access`).
+``authorize_write()``, if given, is asked the same about every change (a read-only
+mode), and every change is written to the audit log with the name ``actor()`` gives.
 Pages are GETs that change nothing; every change is a POST carrying a CSRF token bound
 to the session (which needs ``app.secret_key``). Responses forbid inline script and
 framing; templates and assets ship in the package, so it works offline. ``notice=``
@@ -16,16 +18,19 @@ puts a banner on every page (the example app's demo says its access is open).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from typing import Any
 
 from flask import Blueprint
 from flask import Response
+from flask import g
 from flask import render_template
 from flask import request
 from werkzeug.wrappers import Response as BaseResponse
 
 from .. import access
+from ..core.audit import Audit
 from . import csrf
 from . import views
 
@@ -49,7 +54,12 @@ WHAT = "queue admin"
 
 
 def create_blueprint(
-    queue: QueueExtension, authorize: access.Authorize | None = None, *, notice: str | None = None
+    queue: QueueExtension,
+    authorize: access.Authorize | None = None,
+    *,
+    notice: str | None = None,
+    authorize_write: access.Authorize | None = None,
+    actor: Callable[[], Any] | None = None,
 ) -> Blueprint:
     """A blueprint named ``"sqlqueue"`` serving the admin pages of ``queue``.
 
@@ -58,6 +68,11 @@ def create_blueprint(
         answers 403. ``None`` refuses every request.
     :param notice: a warning shown in a banner at the top of every page, e.g. that
         this instance is a demo with open access.
+    :param authorize_write: asked as ``authorize`` is about every change (POST) that
+        ``authorize`` let through; where it does not answer ``True`` the pages show no
+        action buttons. ``None``: whoever may read may act.
+    :param actor: returns the name the audit log gives whoever acts (a user name,
+        say); ``None``: the request's remote address, or ``"unknown"``.
     """
     bp = Blueprint(
         NAME,
@@ -77,12 +92,28 @@ def create_blueprint(
     def _gate() -> BaseResponse | None:
         refused = access.gate(authorize, _refuse, what=WHAT, factory="admin_blueprint")
         if refused is None and request.method == "POST":
-            csrf.check()
+            if authorize_write is not None:
+                refused = access.gate_write(authorize_write, _refuse, what=WHAT)
+            if refused is None:
+                csrf.check()
         return refused
+
+    def may_write() -> bool:
+        """Whether this request's user may act (asked once per request)."""
+        if authorize_write is None:
+            return True
+        if "sqlqueue_may_write" not in g:
+            g.sqlqueue_may_write = authorize_write() is True
+        return bool(g.sqlqueue_may_write)
+
+    def acting() -> Audit:
+        """Who acts in this request, for the audit log."""
+        name = actor() if actor is not None else None
+        return Audit(name if name is not None else (request.remote_addr or "unknown"))
 
     @bp.context_processor
     def _notice() -> dict[str, Any]:
-        return {"sqlqueue_notice": notice}
+        return {"sqlqueue_notice": notice, "can_write": may_write()}
 
     # An app-wide hook, so that answers Flask gives before the blueprint is known (a GET
     # on a POST-only action is a 405, an unknown URL under the prefix a 404) carry the
@@ -96,7 +127,7 @@ def create_blueprint(
                 response.headers["Cache-Control"] = "no-store"
         return response
 
-    views.register(bp, queue)
+    views.register(bp, queue, acting)
     return bp
 
 

@@ -36,6 +36,7 @@ from ..core import periodic
 from ..core import queries
 from ..core import queues
 from ..core import retention
+from ..core.audit import Audit
 from ..core.models import JobStatus
 from ..core.retries import retry_plan
 from ..core.tasks import task_timeouts
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
     from ..extension import QueueState
 
 STATUSES = [status.value for status in JobStatus]
+#: Audit entries a page of the audit log shows, and a job's page at most.
+AUDIT_PAGE = 50
+JOB_AUDIT = 20
 #: Jobs a workflow page shows at most (the walk from the job stops there).
 WORKFLOW_MOST = 300
 MAX_ID = 2**63 - 1
@@ -182,8 +186,11 @@ def _ids(values: Sequence[str]) -> list[int]:
     return ids
 
 
-def register(bp: Blueprint, queue: QueueExtension) -> None:
-    """Add the routes, error pages and template helpers to ``bp``."""
+def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) -> None:
+    """Add the routes, error pages and template helpers to ``bp``.
+
+    :param acting: who acts in the current request, for the audit log.
+    """
 
     def state() -> QueueState:
         st = queue.state()
@@ -414,6 +421,7 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
         with reading(st) as conn:
             effects = queries.job_effects(conn, job_id)
             edges = dependencies.job_edges(conn, job_id)
+        history = operations.audit_entries(st.store, limit=JOB_AUDIT, job_id=job_id)
         batch = None if found.batch_id is None else batches.get_batch(st.store, found.batch_id)
         errors = found.errors if isinstance(found.errors, list) else []
         registered = st.registry.get(found.task)
@@ -428,6 +436,8 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
             effects=effects,
             errors=[e for e in errors if isinstance(e, dict)],
             raw_errors=None if isinstance(found.errors, list) else found.errors,
+            history=history,
+            history_most=JOB_AUDIT,
         )
 
     @bp.get("/jobs/<int:job_id>/workflow")
@@ -516,7 +526,9 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
     def set_paused(name: str, *, paused: bool) -> BaseResponse:
         st = state()
         try:
-            changed = operations.set_paused(st.store, [name], paused=paused, registry=st.registry)
+            changed = operations.set_paused(
+                st.store, [name], paused=paused, registry=st.registry, audit=acting()
+            )
         except (ValueError, LookupError) as exc:
             raise BadRequest(str(exc)) from None
         if changed:
@@ -528,13 +540,13 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
 
     @bp.post("/jobs/<int:job_id>/retry")
     def retry(job_id: int) -> BaseResponse:
-        operations.retry(state().store, [job_id])
+        operations.retry(state().store, [job_id], audit=acting())
         flash(f"Job {job_id} is pending again, with fresh attempts.", "success")
         return redirect(url_for(".job", job_id=job_id), 303)
 
     @bp.post("/jobs/<int:job_id>/cancel")
     def cancel(job_id: int) -> BaseResponse:
-        done = operations.cancel(state().store, [job_id])
+        done = operations.cancel(state().store, [job_id], audit=acting())
         if done.requested:
             flash(
                 f"Job {job_id} is asked to stop; it stops when its task checks "
@@ -547,7 +559,7 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
 
     @bp.post("/jobs/<int:job_id>/delete")
     def delete(job_id: int) -> BaseResponse:
-        operations.delete(state().store, [job_id])
+        operations.delete(state().store, [job_id], audit=acting())
         flash(f"Job {job_id} is deleted.", "success")
         return redirect(url_for(".jobs"), 303)
 
@@ -560,13 +572,14 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
         if not ids:
             flash("Select at least one job first.", "error")
             return redirect(back, 303)
+        audit = acting()
         actions: dict[str, tuple[Callable[[Store, list[int]], int], str]] = {
-            "retry": (operations.retry, "retried"),
+            "retry": (lambda store, ids: operations.retry(store, ids, audit=audit), "retried"),
             "cancel": (
-                lambda store, ids: operations.cancel(store, ids).count,
+                lambda store, ids: operations.cancel(store, ids, audit=audit).count,
                 "cancelled (running ones asked to stop)",
             ),
-            "delete": (operations.delete, "deleted"),
+            "delete": (lambda store, ids: operations.delete(store, ids, audit=audit), "deleted"),
         }
         if action not in actions:
             raise BadRequest(f"Unknown action {action!r}; use retry, cancel or delete.")
@@ -583,9 +596,85 @@ def register(bp: Blueprint, queue: QueueExtension) -> None:
             queue=filters.queue or None,
             task=filters.task or None,
             text=filters.q or None,
+            audit=acting(),
         )
         flash(f"{n} dead job{'s' if n != 1 else ''} replayed with fresh attempts.", "success")
         return redirect(url_for(".jobs", **{**filters.args(), "status": "pending"}), 303)
+
+    @bp.post("/jobs/<int:job_id>/run-now")
+    def run_now(job_id: int) -> BaseResponse:
+        moved = operations.run_now(state().store, [job_id], audit=acting())
+        if moved:
+            flash(f"Job {job_id} is due now.", "success")
+        else:
+            flash(f"Job {job_id} was due already.", "info")
+        return redirect(url_for(".job", job_id=job_id), 303)
+
+    @bp.post("/jobs/<int:job_id>/duplicate")
+    def duplicate(job_id: int) -> BaseResponse:
+        st = state()
+        try:
+            made = operations.duplicate(st.store, st.registry, job_id, audit=acting())
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, lifecycle.InvalidTransition):
+                raise
+            raise BadRequest(str(exc)) from None
+        flash(f"Job {made.id} is a copy of job {job_id}.", "success")
+        return redirect(url_for(".job", job_id=made.id), 303)
+
+    @bp.post("/jobs/<int:job_id>/edit")
+    def edit(job_id: int) -> BaseResponse:
+        st = state()
+        found = st.store.get_job(job_id)
+        if found is None:
+            abort(404, f"There is no job {job_id}; it may have been deleted or purged.")
+        args = _json_field("args", list, "array")
+        kwargs = _json_field("kwargs", dict, "object")
+        queue_name = request.form.get("queue", "").strip() or None
+        priority = _int_field("priority")
+        try:
+            replayed = operations.replay_edited(
+                st.store,
+                st.registry,
+                job_id,
+                # Only what was changed: a job of a task this app does not register can
+                # still move to another queue.
+                args=None if args == found.args else args,
+                kwargs=None if kwargs == found.kwargs else kwargs,
+                queue=queue_name,
+                priority=priority,
+                audit=acting(),
+            )
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, lifecycle.InvalidTransition):
+                raise
+            raise BadRequest(str(exc)) from None
+        flash(
+            f"Job {job_id} is {replayed.status} again on queue {replayed.queue}, "
+            "with fresh attempts.",
+            "success",
+        )
+        return redirect(url_for(".job", job_id=job_id), 303)
+
+    @bp.get("/audit")
+    def audit_page() -> str:
+        st = state()
+        before = _int_arg("before", 1, MAX_ID)
+        job_id = _int_arg("job", 1, MAX_ID)
+        entries = operations.audit_entries(
+            st.store, limit=AUDIT_PAGE + 1, before_id=before, job_id=job_id
+        )
+        more = len(entries) > AUDIT_PAGE
+        entries = entries[:AUDIT_PAGE]
+        where: dict[str, Any] = {} if job_id is None else {"job": job_id}
+        return render_template(
+            "sqlqueue/audit.html",
+            now=st.store.now(),
+            entries=entries,
+            job_id=job_id,
+            older=url_for(".audit_page", **where, before=entries[-1].id) if more else None,
+            newest=url_for(".audit_page", **where) if before else None,
+        )
 
 
 @contextmanager
@@ -595,6 +684,31 @@ def reading(st: QueueState) -> Iterator[Connection]:
     with st.store.read() as conn:
         st.store.ops.plan_per_execution(conn)
         yield conn
+
+
+def _json_field(name: str, kind: type, what: str) -> Any:
+    """A form field holding a JSON ``what`` (``None`` if left out)."""
+    raw = request.form.get(name)
+    if raw is None:
+        return None
+    raw = raw.strip() or ("[]" if kind is list else "{}")
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BadRequest(f"{name} is not valid JSON ({exc}); nothing was changed.") from None
+    if not isinstance(value, kind):
+        raise BadRequest(f"{name} must be a JSON {what}, not {raw!r}; nothing was changed.")
+    return value
+
+
+def _int_field(name: str) -> int | None:
+    raw = request.form.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be a whole number, not {raw!r}.") from None
 
 
 def _per_page(per_page: int) -> dict[str, Any]:

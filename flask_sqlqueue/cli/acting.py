@@ -1,9 +1,12 @@
 """Commands that change jobs and queues, each through one function of
-``core.operations`` (as the admin's buttons): ``retry``, ``cancel``, ``purge``,
-``rescue``, ``pause``, ``resume``; and ``enqueue``, through the one enqueue path."""
+``core.operations`` (as the admin's buttons): ``retry``, ``cancel``, ``run-now``,
+``duplicate``, ``purge``, ``purge-audit``, ``rescue``, ``pause``, ``resume``; and
+``enqueue``, through the one enqueue path. Those that act on jobs or queues write the
+audit log, naming the actor ``cli:<user>``."""
 
 from __future__ import annotations
 
+import getpass
 import json
 from typing import Any
 
@@ -11,6 +14,7 @@ import click
 
 from ..core import lifecycle
 from ..core import operations
+from ..core.audit import Audit
 from .base import JOB_ID
 from .base import app_state
 from .base import clean_errors
@@ -18,32 +22,111 @@ from .base import queue_cli
 from .formatting import parse_age
 
 
+def _audit() -> Audit:
+    """Who acts, as the audit log names a command's user."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container, say)
+        user = "unknown"
+    return Audit(f"cli:{user}")
+
+
 @queue_cli.command("retry")
 @click.argument("job_ids", nargs=-1, type=JOB_ID)
 @click.option("--dead", is_flag=True, help="Replay every dead job (narrow with --queue/--task).")
 @click.option("--queue", help="With --dead: only this queue.")
 @click.option("--task", help="With --dead: only this task.")
+@click.option("--args", "args_json", help="With one id: replay with these args (JSON array).")
+@click.option("--kwargs", "kwargs_json", help="With one id: replay with these kwargs (JSON).")
+@click.option("--to-queue", help="With one id: replay in this queue.")
+@click.option("--priority", type=int, help="With one id: replay with this priority.")
 @clean_errors
 def retry_command(
-    job_ids: tuple[int, ...], dead: bool, queue: str | None, task: str | None
+    job_ids: tuple[int, ...],
+    dead: bool,
+    queue: str | None,
+    task: str | None,
+    args_json: str | None,
+    kwargs_json: str | None,
+    to_queue: str | None,
+    priority: int | None,
 ) -> None:
     """Replay dead (or cancelled) jobs with fresh attempts.
+
+    With one id, --args, --kwargs, --to-queue and --priority change the job before it is
+    replayed (what is not given stays). New arguments take their stored JSON forms, as
+    `flask queue show` has them, and are checked as an enqueue checks them: if they do
+    not fit the task, nothing changes.
 
     \b
     Example:
       flask queue retry 42 43
       flask queue retry --dead --task example_app.tasks.call_flaky_api
+      flask queue retry 42 --kwargs '{"email": "fixed@example.com"}' --priority 10
     """
     if bool(job_ids) == dead:
         raise click.UsageError("Give job ids or --dead, not both and not neither.")
     if (queue or task) and not dead:
         raise click.UsageError("--queue and --task go with --dead.")
-    store = app_state().store
+    edits = (args_json, kwargs_json, to_queue, priority)
+    if any(edit is not None for edit in edits) and len(job_ids) != 1:
+        raise click.UsageError("--args, --kwargs, --to-queue and --priority go with one job id.")
+    state = app_state()
+    store = state.store
     if dead:
-        n = operations.retry_dead(store, queue=queue, task=task)
+        n = operations.retry_dead(store, queue=queue, task=task, audit=_audit())
+    elif any(edit is not None for edit in edits):
+        job = operations.replay_edited(
+            store,
+            state.registry,
+            job_ids[0],
+            args=None if args_json is None else _json_arg("--args", args_json, list, "array"),
+            kwargs=(
+                None if kwargs_json is None else _json_arg("--kwargs", kwargs_json, dict, "object")
+            ),
+            queue=to_queue,
+            priority=priority,
+            audit=_audit(),
+        )
+        click.echo(f"Replayed job {job.id}: {job.status} on queue {job.queue!r}.")
+        return
     else:
-        n = operations.retry(store, job_ids)
+        n = operations.retry(store, job_ids, audit=_audit())
     click.echo(f"Replayed {n} job(s).")
+
+
+@queue_cli.command("run-now")
+@click.argument("job_ids", nargs=-1, required=True, type=JOB_ID)
+@clean_errors
+def run_now_command(job_ids: tuple[int, ...]) -> None:
+    """Make pending jobs that are delayed or backing off due now. All or none: a
+    missing or not pending id changes nothing.
+
+    A paused queue or a task's limits still hold the job back.
+
+    \b
+    Example:
+      flask queue run-now 42 43
+    """
+    n = operations.run_now(app_state().store, job_ids, audit=_audit())
+    click.echo(f"{n} job(s) due now ({len(set(job_ids)) - n} were due already).")
+
+
+@queue_cli.command("duplicate")
+@click.argument("job_ids", nargs=-1, required=True, type=JOB_ID)
+@clean_errors
+def duplicate_command(job_ids: tuple[int, ...]) -> None:
+    """Enqueue a copy of each job as a new job: the same task, arguments, queue and
+    priority, with fresh attempts (not its idempotency key or dependencies).
+
+    \b
+    Example:
+      flask queue duplicate 42
+    """
+    state = app_state()
+    for job_id in job_ids:
+        made = operations.duplicate(state.store, state.registry, job_id, audit=_audit())
+        click.echo(f"Job {made.id} is a copy of job {job_id} ({made.status}).")
 
 
 @queue_cli.command("cancel")
@@ -60,7 +143,7 @@ def cancel_command(job_ids: tuple[int, ...]) -> None:
     Example:
       flask queue cancel 42 43
     """
-    click.echo(operations.cancel(app_state().store, job_ids).describe())
+    click.echo(operations.cancel(app_state().store, job_ids, audit=_audit()).describe())
 
 
 @queue_cli.command("purge")
@@ -91,6 +174,29 @@ def purge_command(status: str, older_than: str) -> None:
     except OverflowError:
         raise click.ClickException(f"{older_than!r} is too long an age.") from None
     click.echo(f"Purged {n} {status} job(s).")
+
+
+@queue_cli.command("purge-audit")
+@click.option(
+    "--older-than",
+    "older_than",
+    required=True,
+    help="Age like 90d, 12h: entries written before then.",
+)
+@clean_errors
+def purge_audit_command(older_than: str) -> None:
+    """Delete audit log entries written more than --older-than ago.
+
+    \b
+    Example:
+      flask queue purge-audit --older-than 90d
+    """
+    age = parse_age(older_than)
+    try:
+        n = operations.purge_audit(app_state().store, age)
+    except OverflowError:
+        raise click.ClickException(f"{older_than!r} is too long an age.") from None
+    click.echo(f"Purged {n} audit entr{'y' if n == 1 else 'ies'}.")
 
 
 @queue_cli.command("rescue")
@@ -159,7 +265,9 @@ def _pause_or_resume(names: tuple[str, ...], every: bool, *, paused: bool) -> No
     if not names:
         click.echo("No queues to pause." if paused else "No queue is paused.")
         return
-    changed = operations.set_paused(state.store, names, paused=paused, registry=state.registry)
+    changed = operations.set_paused(
+        state.store, names, paused=paused, registry=state.registry, audit=_audit()
+    )
     verb = "Paused" if paused else "Resumed"
     for name in names:
         if name in changed:

@@ -13,6 +13,7 @@ import click
 
 from ..core import batches
 from ..core import limits
+from ..core import operations
 from ..core import periodic
 from ..core import queries
 from ..core import retention
@@ -207,6 +208,41 @@ def list_command(
     )
     if more:
         click.echo(f"(more: --before {jobs[-1].id})")
+
+
+@queue_cli.command("audit")
+@click.option("--job", "job_id", type=JOB_ID, help="Only the entries of this job.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--before", "before_id", type=JOB_ID, help="Page: entries older than this id.")
+@clean_errors
+def audit_command(job_id: int | None, limit: int, before_id: int | None) -> None:
+    """The audit log, newest first: who did what to which job or queue, and when.
+
+    \b
+    Example:
+      flask queue audit --job 42
+    """
+    entries = operations.audit_entries(
+        app_state().store, limit=limit + 1, before_id=before_id, job_id=job_id
+    )
+    more, entries = len(entries) > limit, entries[:limit]
+    if not entries:
+        click.echo("No audit entries.")
+        return
+    rows = [
+        [
+            str(entry.id),
+            format_time(entry.at),
+            entry.actor,
+            entry.action,
+            "" if entry.job_id is None else str(entry.job_id),
+            first_line(entry.describe(), 80),
+        ]
+        for entry in entries
+    ]
+    click.echo(format_table(["id", "at (UTC)", "actor", "action", "job", "detail"], rows))
+    if more:
+        click.echo(f"(more: --before {entries[-1].id})")
 
 
 @queue_cli.command("show")

@@ -117,6 +117,27 @@ def enqueue(
     return made
 
 
+def encode_arguments(
+    store: Store,
+    task: Task[Any, Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    *,
+    encoded: bool = False,
+) -> tuple[str, str | None]:
+    """Check one call of ``task`` exactly as :func:`enqueue` checks it (the signature,
+    typed arguments, JSON that round-trips, the size the database stores) without
+    writing anything; for a job whose arguments are edited before it is replayed.
+
+    :param encoded: as for :func:`enqueue`: typed arguments are given in their stored forms.
+    :returns: the payload and the concurrency key the job gets.
+    :raises TypeError: the call does not fit the task's signature, or a value is not JSON.
+    :raises ValueError: a value would not round-trip, or the payload is too large.
+    """
+    payload, _key, limit = _encode_call(store, task, Call(args, kwargs), None, encoded)
+    return payload, limit
+
+
 def _encode_calls(
     store: Store,
     task: Task[Any, Any] | None,

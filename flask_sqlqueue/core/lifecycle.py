@@ -421,6 +421,42 @@ def _replay_where(conn: Connection, where: Any, now: datetime) -> int:
     ).rowcount
 
 
+def run_now(conn: Connection, ids: Sequence[int], now: datetime) -> dict[int, datetime]:
+    """Make pending jobs that are delayed or backing off due ``now``; a pending job that
+    is due already is left as it is. A paused queue or a task's limits still hold it.
+
+    :returns: the ``run_at`` each job it moved had.
+    :raises InvalidTransition: an id is missing or its job is not pending; nothing changes.
+    """
+    ids = sorted(set(ids))
+    found = _lock_rows(conn, ids)
+    wrong = [f"{i} is {found[i]}" if i in found else f"{i} does not exist" for i in ids]
+    wrong = [w for i, w in zip(ids, wrong, strict=True) if found.get(i) != PENDING]
+    if wrong:
+        raise InvalidTransition(
+            f"Only pending jobs can be run now, and job {'; '.join(wrong)}; nothing changed."
+        )
+    rows = conn.execute(sa.select(jobs.c.id, jobs.c.run_at).where(jobs.c.id.in_(ids))).all()
+    later = {row.id: row.run_at for row in rows if row.run_at > now}
+    if later:
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id.in_(list(later)), jobs.c.status == PENDING)
+            .values(run_at=now, updated_at=now)
+        )
+    return later
+
+
+def change_replayed(conn: Connection, job_id: int, values: dict[str, Any]) -> None:
+    """Give a job just replayed (:func:`replay`, in this transaction) new ``values``:
+    its payload, concurrency key, queue or priority, checked by the caller."""
+    conn.execute(
+        sa.update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.status.in_((PENDING, WAITING)))
+        .values(**values)
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Cancellation:
     """What :func:`cancel_jobs` did: waiting and pending jobs cancelled (their waiting

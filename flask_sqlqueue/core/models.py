@@ -1,5 +1,5 @@
-"""The queue's tables: jobs, their dependencies, job effects, workers, queues, limits and
-schedules.
+"""The queue's tables: jobs, their dependencies, job effects, workers, queues, limits,
+schedules and the audit log.
 
 Every table name starts with ``sqlqueue_`` so it can share a database with the app's own
 tables, and the metadata is separate from the app's so the app's migrations never see it.
@@ -31,6 +31,7 @@ LIMITS_TABLE = "sqlqueue_limits"
 SCHEDULES_TABLE = "sqlqueue_schedules"
 DEPENDENCIES_TABLE = "sqlqueue_job_dependencies"
 BATCHES_TABLE = "sqlqueue_batches"
+AUDIT_TABLE = "sqlqueue_audit_log"
 VERSION_TABLE = "sqlqueue_alembic_version"
 
 metadata = sa.MetaData(
@@ -326,6 +327,24 @@ schedules = sa.Table(
     _column("toggled_at", UTCDateTime, null=True),
 )
 
+#: What people did to jobs and queues through the admin or the CLI (core/audit.py): one
+#: row per job an action changed, or one for an action on no single job. No foreign key:
+#: the entry about a deleted job outlives it. Written in the action's transaction, never
+#: by enqueueing or working, so the hot paths never touch it.
+audit_log = sa.Table(
+    AUDIT_TABLE,
+    metadata,
+    _column("id", BigId, primary_key=True, autoincrement=True),
+    # Indexed for pruning old entries (flask queue purge-audit).
+    _column("at", UTCDateTime, index=True),
+    _column("actor", sa.String(255)),
+    _column("action", sa.String(32)),
+    # Indexed for a job's own history on its admin page.
+    _column("job_id", sa.BigInteger, null=True, index=True),
+    # What was done, as JSON text: the changed values, counts, filters.
+    _column("detail", LongText(), null=True),
+)
+
 # The claim: pending jobs in priority order, then run_at, then id. Declared on the bound
 # columns so DESC is a column sort order that Alembic compares with the reflected index;
 # a text("priority DESC") expression shows up as a spurious difference on SQLite and MariaDB.
@@ -376,6 +395,7 @@ DIALECT_OPTIONS: dict[str, Callable[[], list[tuple[sa.Table | sa.Index, dict[str
         # (kept across restarts by every server version the queue accepts) never go back.
         (jobs, {"autoincrement": True}),
         (batches, {"autoincrement": True}),
+        (audit_log, {"autoincrement": True}),
         *((index, {"where": where}) for index, where in _partial),
     ],
     "postgresql": lambda: [(index, {"where": where}) for index, where in _partial],

@@ -11,6 +11,9 @@ committed, for workers in this process and, on SQLite, on this host (MariaDB wor
 poll). Enqueueing has its own one path, :func:`.enqueue.enqueue`, which does the same.
 Every one that ends or deletes jobs (cancel, delete, rescue) wakes their waiters
 (``Job.wait``) the same two ways (:meth:`Store.run_finishing`).
+
+Each that takes an ``audit`` (:class:`.audit.Audit`, naming who acts) writes its entries
+to the audit log in the same transaction as its change: both are written or neither.
 """
 
 from __future__ import annotations
@@ -22,16 +25,26 @@ from datetime import datetime
 from datetime import timedelta
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from . import audit as audit_log
 from . import lifecycle
 from . import periodic
 from . import queries
 from . import queues
+from .audit import Audit
+from .enqueue import Call
+from .enqueue import EnqueueOptions
 from .enqueue import RunsJobs
+from .enqueue import check_options
+from .enqueue import encode_arguments
+from .enqueue import enqueue
 from .jobs import Job
 from .lifecycle import Cancellation
+from .lifecycle import InvalidTransition
 from .models import JobStatus
+from .models import jobs
 from .store import Store
 from .tasks import Task
 
@@ -58,7 +71,7 @@ def _making_runnable(store: Store, write: Callable[[Connection], int]) -> int:
 # -- jobs ------------------------------------------------------------------------------------
 
 
-def retry(store: Store, ids: Sequence[int]) -> int:
+def retry(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> int:
     """Replay dead or cancelled jobs with fresh attempts, to run now; wakes the workers.
 
     :returns: how many jobs were replayed.
@@ -66,11 +79,23 @@ def retry(store: Store, ids: Sequence[int]) -> int:
         cancelled; nothing is replayed.
     """
     now = store.now()
-    return _making_runnable(store, lambda conn: lifecycle.replay(conn, ids, now))
+
+    def replay(conn: Connection) -> int:
+        replayed = lifecycle.replay(conn, ids, now)
+        if audit is not None:
+            audit.record(conn, now, "retry", sorted(set(ids)))
+        return replayed
+
+    return _making_runnable(store, replay)
 
 
 def retry_dead(
-    store: Store, *, queue: str | None = None, task: str | None = None, text: str | None = None
+    store: Store,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    text: str | None = None,
+    audit: Audit | None = None,
 ) -> int:
     """Replay every dead job (of ``queue``, of ``task``, matching ``text`` as the
     admin's search does, each if given) with fresh attempts; wakes the workers.
@@ -81,40 +106,231 @@ def retry_dead(
 
     def replay(conn: Connection) -> int:
         if not text:
-            return lifecycle.replay_dead(conn, now, queue, task)
-        where = queries.JobFilter(status=JobStatus.DEAD.value, queue=queue, task=task, text=text)
-        ids = queries.job_ids(conn, where)
-        return sum(
-            lifecycle.replay(conn, ids[i : i + CHUNK], now) for i in range(0, len(ids), CHUNK)
-        )
+            replayed = lifecycle.replay_dead(conn, now, queue, task)
+        else:
+            where = queries.JobFilter(
+                status=JobStatus.DEAD.value, queue=queue, task=task, text=text
+            )
+            ids = queries.job_ids(conn, where)
+            replayed = sum(
+                lifecycle.replay(conn, ids[i : i + CHUNK], now) for i in range(0, len(ids), CHUNK)
+            )
+        if audit is not None:
+            # One entry for the selection, not one per job: it may be thousands.
+            chosen = {"queue": queue, "task": task, "text": text}
+            detail = {k: v for k, v in chosen.items() if v} | {"replayed": replayed}
+            audit.record(conn, now, "retry_dead", detail=detail)
+        return replayed
 
     return _making_runnable(store, replay)
 
 
-def cancel(store: Store, ids: Sequence[int]) -> Cancellation:
+def cancel(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> Cancellation:
     """Cancel waiting and pending jobs with their waiting dependents, and ask running
     ones to stop (see :func:`.lifecycle.cancel_jobs`).
 
     :raises InvalidTransition: an id is missing or its job finished; nothing changes.
     """
     now = store.now()
-    done: Cancellation = store.run_finishing(
-        lambda conn: lifecycle.cancel_jobs(conn, ids, now), lambda done: done.cancelled
-    )
+
+    def write(conn: Connection) -> Cancellation:
+        done = lifecycle.cancel_jobs(conn, ids, now)
+        if audit is not None:
+            audit.record(conn, now, "cancel", done.cancelled, {"outcome": "cancelled"})
+            audit.record(conn, now, "cancel", done.requested, {"outcome": "asked to stop"})
+        return done
+
+    done: Cancellation = store.run_finishing(write, lambda done: done.cancelled)
     return done
 
 
-def delete(store: Store, ids: Sequence[int]) -> int:
+def delete(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> int:
     """Delete jobs that are not running; a deleted job that had not finished cancels its
     waiting dependents; waiters of the deleted jobs are woken (and learn it).
 
     :raises InvalidTransition: an id is missing or its job is running; nothing is deleted.
     """
     now = store.now()
-    deleted: int = store.run_finishing(
-        lambda conn: lifecycle.delete(conn, ids, now), lambda _deleted: sorted(set(ids))
-    )
+
+    def write(conn: Connection) -> int:
+        if audit is not None:  # before the rows go: the entries say what each job was
+            rows = conn.execute(
+                sa.select(jobs.c.id, jobs.c.task, jobs.c.status).where(jobs.c.id.in_(ids))
+            ).all()
+            each = {row.id: {"task": row.task, "status": row.status} for row in rows}
+        deleted = lifecycle.delete(conn, ids, now)
+        if audit is not None:
+            audit.record(conn, now, "delete", sorted(set(ids)), each=each)
+        return deleted
+
+    deleted: int = store.run_finishing(write, lambda _deleted: sorted(set(ids)))
     return deleted
+
+
+def run_now(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> int:
+    """Make pending jobs that are delayed or backing off due now; wakes the workers. A
+    pending job due already stays as it is; a paused queue or a task's limits still
+    hold a job back.
+
+    :returns: how many jobs were moved.
+    :raises InvalidTransition: an id is missing or its job is not pending; nothing changes.
+    """
+    now = store.now()
+
+    def write(conn: Connection) -> int:
+        moved = lifecycle.run_now(conn, ids, now)
+        if audit is not None:
+            each = {i: {"run_at_was": moved[i].isoformat()} for i in moved}
+            audit.record(conn, now, "run_now", sorted(set(ids)), each=each)
+        return len(moved)
+
+    return _making_runnable(store, write)
+
+
+def replay_edited(
+    store: Store,
+    registry: Mapping[str, Task[Any, Any]],
+    job_id: int,
+    *,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    audit: Audit | None = None,
+) -> Job:
+    """Replay a dead or cancelled job with fresh attempts, to run now, after changing its
+    arguments, queue or priority (``None``: keep the job's); wakes the workers.
+
+    New arguments are given in their stored forms (as ``job.args`` shows them) and
+    checked exactly as an enqueue checks them: against the task's signature and typed
+    parameters, as JSON that round-trips, against the size the database stores.
+
+    :returns: the job as replayed.
+    :raises InvalidTransition: no such job, or it is neither dead nor cancelled.
+    :raises TypeError: the arguments do not fit the task, or a value is not JSON.
+    :raises ValueError: a bad queue name, a value that would not round-trip, or new
+        arguments for a task this app does not register (they cannot be checked).
+        In every case nothing changes.
+    """
+    check_options(queue=queue, priority=priority)
+    now = store.now()
+
+    def write(conn: Connection) -> int:
+        row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
+        if row is None:
+            raise InvalidTransition(f"No job with id {job_id}; nothing replayed.")
+        job = Job.from_row(row)
+        # First: a job in the wrong state is refused as such, whatever its new arguments.
+        replayed = lifecycle.replay(conn, [job_id], now)
+        before: dict[str, Any] = {}
+        after: dict[str, Any] = {}
+        values: dict[str, Any] = {}
+        if args is not None or kwargs is not None:
+            new_args = job.args if args is None else args
+            new_kwargs = job.kwargs if kwargs is None else kwargs
+            values["payload"], values["concurrency_key"] = _edited_payload(
+                store, registry, job, new_args, new_kwargs
+            )
+            if new_args != job.args:
+                before["args"], after["args"] = job.args, new_args
+            if new_kwargs != job.kwargs:
+                before["kwargs"], after["kwargs"] = job.kwargs, new_kwargs
+        if queue is not None and queue != job.queue:
+            before["queue"], after["queue"] = job.queue, queue
+            values["queue"] = queue
+        if priority is not None and priority != job.priority:
+            before["priority"], after["priority"] = job.priority, priority
+            values["priority"] = priority
+        if values:
+            lifecycle.change_replayed(conn, job_id, values)
+        if audit is not None:
+            detail = {"before": before, "after": after} if after else None
+            audit.record(conn, now, "edit_replay" if after else "retry", [job_id], detail)
+        return replayed
+
+    _making_runnable(store, write)
+    replayed = store.get_job(job_id)
+    assert replayed is not None
+    return replayed
+
+
+def _edited_payload(
+    store: Store,
+    registry: Mapping[str, Task[Any, Any]],
+    job: Job,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> tuple[str, str | None]:
+    """The payload and concurrency key of ``job`` with new arguments, checked as an
+    enqueue checks them."""
+    task = registry.get(job.task)
+    if task is None:
+        raise ValueError(
+            f"Job {job.id}'s task {job.task!r} is not registered in this app, so new "
+            "arguments cannot be checked against it; edit them where the task is "
+            "registered, or change only the queue or priority. Nothing was replayed."
+        )
+    try:
+        return encode_arguments(store, task, args, kwargs, encoded=True)
+    except (TypeError, ValueError) as exc:
+        if exc.args and isinstance(exc.args[0], str):  # say what did not happen here
+            message = exc.args[0].replace(" Nothing was enqueued.", "")
+            exc.args = (f"{message} Nothing was replayed.", *exc.args[1:])
+        raise
+
+
+def duplicate(
+    store: Store,
+    registry: Mapping[str, Task[Any, Any]],
+    job_id: int,
+    *,
+    audit: Audit | None = None,
+) -> Job:
+    """Enqueue a copy of any job as a new one: the same task, arguments, queue, priority
+    and attempt budget, with fresh attempts, due now. Its idempotency key, dependencies
+    and batch are not copied (a key names one job; the copy stands alone).
+
+    The arguments are checked as any enqueue checks them, so a job whose task has since
+    changed its signature is refused (a ``TypeError``) rather than copied.
+
+    :returns: the new job.
+    :raises InvalidTransition: no such job.
+    :raises ValueError: its stored arguments do not decode.
+    """
+    source = store.get_job(job_id)
+    if source is None:
+        raise InvalidTransition(f"No job with id {job_id}; nothing duplicated.")
+    if source.payload_error:
+        raise ValueError(
+            f"Job {job_id} cannot be duplicated: its stored arguments do not decode "
+            f"({source.payload_error}). Nothing was enqueued."
+        )
+    now = store.now()
+
+    def write(conn: Connection) -> Job:
+        options = EnqueueOptions(
+            queue=source.queue,
+            priority=source.priority,
+            max_attempts=source.max_attempts,
+            session=conn,
+        )
+        # The job's own row names its task, so a task this app does not register is
+        # copied as it is, for the workers that run it.
+        (made,) = enqueue(
+            store,
+            source.task,
+            [Call(source.args, source.kwargs)],
+            options,
+            registry=registry,
+            unregistered=True,
+            encoded=True,
+        )
+        if audit is not None:
+            audit.record(conn, now, "duplicate", [job_id], {"new_job": made.id})
+        return made
+
+    made: Job = store.run_write(write)
+    return made
 
 
 def purge(store: Store, status: str, older_than: timedelta) -> int:
@@ -125,6 +341,24 @@ def purge(store: Store, status: str, older_than: timedelta) -> int:
     """
     before = store.now() - older_than
     purged: int = store.run_write(lambda conn: lifecycle.purge(conn, status, before))
+    return purged
+
+
+def audit_entries(
+    store: Store, *, limit: int, before_id: int | None = None, job_id: int | None = None
+) -> list[audit_log.Entry]:
+    """The newest audit entries (of one job, if given), newest first."""
+    with store.read() as conn:
+        return audit_log.recent(conn, limit=limit, before_id=before_id, job_id=job_id)
+
+
+def purge_audit(store: Store, older_than: timedelta) -> int:
+    """Delete the audit entries written more than ``older_than`` ago.
+
+    :raises OverflowError: ``older_than`` reaches before the first year.
+    """
+    before = store.now() - older_than
+    purged: int = store.run_write(lambda conn: audit_log.prune(conn, before))
     return purged
 
 
@@ -159,7 +393,12 @@ def paused_queues(store: Store) -> dict[str, datetime]:
 
 
 def set_paused(
-    store: Store, names: Sequence[str], *, paused: bool, registry: Mapping[str, Task[Any, Any]]
+    store: Store,
+    names: Sequence[str],
+    *,
+    paused: bool,
+    registry: Mapping[str, Task[Any, Any]],
+    audit: Audit | None = None,
 ) -> list[str]:
     """Pause (or resume) every queue in ``names``; a resume wakes the workers.
 
@@ -167,7 +406,9 @@ def set_paused(
     :raises UnknownQueue: a name that no registered task uses and no job is in; nothing
         changes (nor for an invalid name, a ``ValueError``).
     """
-    return queues.set_paused(store, names, paused=paused, declared=declared_queues(registry))
+    return queues.set_paused(
+        store, names, paused=paused, declared=declared_queues(registry), audit=audit
+    )
 
 
 # -- periodic schedules ----------------------------------------------------------------------

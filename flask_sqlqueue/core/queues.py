@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import UnknownQueue
+from .audit import Audit
 from .distinct import distinct_values
 from .models import jobs
 from .models import queues
@@ -84,7 +85,12 @@ def paused_queues(conn: Connection) -> dict[str, datetime]:
 
 
 def set_paused(
-    store: Store, names: Sequence[str], *, paused: bool, declared: Iterable[str]
+    store: Store,
+    names: Sequence[str],
+    *,
+    paused: bool,
+    declared: Iterable[str],
+    audit: Audit | None = None,
 ) -> list[str]:
     """Pause (or resume) every queue in ``names`` in one transaction; return those whose
     state changed. All or nothing: one bad or unknown name raises and changes nothing.
@@ -104,6 +110,9 @@ def set_paused(
         changed = [name for name in dict.fromkeys(names) if change(conn, name, now)]
         if changed and not paused:
             store.ops.notify(conn)
+        if audit is not None:
+            for name in changed:
+                audit.record(conn, now, "pause" if paused else "resume", detail={"queue": name})
         return changed
 
     changed = store.run_write(write)
