@@ -14,7 +14,7 @@ from flask import Flask
 
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import current_job
-from tests.sample_app import queue_app
+from tests.sample_app import queue_app as queue_app
 
 queue = SQLQueue()
 

@@ -23,9 +23,11 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
+from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
 from flask_sqlqueue.core.models import effects
+from flask_sqlqueue.exceptions import ConfigurationError
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import crash_app
 from tests.conftest import ROOT
@@ -196,6 +198,27 @@ def test_a_task_that_raises_never_counts_a_crash(app: Flask) -> None:
     assert "(quarantined)" not in cli(app, "show", str(job_id))
     assert 'id="sqlqueue-quarantined"' not in page(app, f"/jobs/{job_id}")
     assert "No jobs match." in cli(app, "list", "--quarantined")
+
+
+def test_the_crash_budget_is_a_whole_number_of_one_or_more(tmp_path: Path) -> None:
+    config = {"SQLQUEUE_DATABASE_URI": f"sqlite:///{tmp_path / 'queue.db'}"}
+    assert (
+        crash_app.queue_app("budget", SQLQueue(), config)
+        .extensions["sqlqueue"]
+        .settings.max_crashes
+        == 3
+    )
+    given = {**config, "SQLQUEUE_MAX_CRASHES": "7"}
+    assert (
+        crash_app.queue_app("given", SQLQueue(), given).extensions["sqlqueue"].settings.max_crashes
+        == 7
+    )
+    for bad in (0, "two", 1.5):
+        with pytest.raises(
+            ConfigurationError, match="SQLQUEUE_MAX_CRASHES must be a whole number >= 1"
+        ):
+            crash_app.queue_app("bad", SQLQueue(), {**config, "SQLQUEUE_MAX_CRASHES": bad})
+    assert not (tmp_path / "queue.db").exists()
 
 
 # -- effects with an outcome ---------------------------------------------------------------------
