@@ -415,7 +415,6 @@ def _jobs(database_uri: str) -> list[dict[str, Any]]:
     for row in rows:
         row.pop("has_dependents", None)
         row.pop("batch_id", None)
-        row.pop("crashes", None)
     return rows
 
 

@@ -47,11 +47,10 @@ class Job:
     #: One dict per failed attempt: ``attempt``, ``type``, ``message``, ``traceback``,
     #: ``worker``, ``at``.
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: Attempts lost to a crash of their worker (rescued) since the job was enqueued or
+    #: last replayed; at ``SQLQUEUE_MAX_CRASHES`` the job is quarantined (docs/outcomes.md).
     rescues: int = 0
     releases: int = 0
-    #: Attempts lost to a crash of their worker since the job was enqueued or last
-    #: replayed; at ``SQLQUEUE_MAX_CRASHES`` the job is quarantined (docs/outcomes.md).
-    crashes: int = 0
     #: When cancellation of the running job was asked for (it stops if its task checks).
     cancel_requested_at: datetime | None = None
     #: The task's own report: a fraction from 0 to 1, and a short message.
@@ -62,6 +61,11 @@ class Job:
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
     _source: JobSource | None = field(default=None, repr=False)
+
+    @property
+    def crashes(self) -> int:
+        """Its crash budget spent: the attempts lost with their worker, :attr:`rescues`."""
+        return self.rescues
 
     @classmethod
     def inserted(cls, job_id: int, values: Mapping[str, Any], source: JobSource) -> Job:
@@ -84,7 +88,6 @@ class Job:
             idempotency_key=values["idempotency_key"],
             rescues=values["rescues"],
             releases=values["releases"],
-            crashes=values.get("crashes", 0),
             # A job that starts ended (a dependency already dead) has these.
             finished_at=values.get("finished_at"),
             last_error=values.get("last_error"),
@@ -125,7 +128,6 @@ class Job:
             errors=_decode_or_text(row.errors) or [],
             rescues=row.rescues,
             releases=row.releases,
-            crashes=getattr(row, "crashes", 0),
             # A just-inserted job (not read back) has none of these yet.
             cancel_requested_at=getattr(row, "cancel_requested_at", None),
             progress=getattr(row, "progress", None),

@@ -408,7 +408,6 @@ def _replay_where(conn: Connection, where: Any, now: datetime) -> int:
             status=PENDING,
             attempts=0,
             rescues=0,
-            crashes=0,
             run_at=now,
             updated_at=now,
             started_at=None,
@@ -688,7 +687,7 @@ def rescue_stale(
             jobs.c.id,
             jobs.c.attempts,
             jobs.c.max_attempts,
-            jobs.c.crashes,
+            jobs.c.rescues,
             jobs.c.worker_id,
             jobs.c.claim_token,
             jobs.c.errors,
@@ -710,7 +709,7 @@ def rescue_stale(
     rescued = []
     for row in lost:
         worker = row.worker_id or "unknown"
-        crashes = row.crashes + 1
+        crashes = row.rescues + 1
         kind, message = "WorkerLost", f"worker lost: {worker}"
         if crashes >= max_crashes:
             kind, message = QUARANTINED, f"{quarantine_note(crashes)}; last {message}"
@@ -729,7 +728,6 @@ def rescue_stale(
             .values(
                 status=status,
                 rescues=jobs.c.rescues + 1,
-                crashes=jobs.c.crashes + 1,
                 # run_at is kept: a rescued job goes ahead of jobs that became due after it.
                 updated_at=now,
                 finished_at=None if status == PENDING else now,

@@ -168,7 +168,6 @@ jobs = sa.Table(
     # Attempts lost to a crash of the process running them (a worker that stopped
     # heartbeating); a job is quarantined once it reaches SQLQUEUE_MAX_CRASHES, and a
     # replay starts it at 0 again (the rescues above count the same losses for good).
-    _column("crashes", sa.Integer, server_default="0"),
     _column("priority", sa.Integer, default=0),
     _column("run_at", UTCDateTime),
     _column("created_at", UTCDateTime),

@@ -204,7 +204,7 @@ def list_jobs(
     query = sa.select(*_SUMMARY_COLUMNS)
     if quarantined_at is not None:
         query = query.where(jobs.c.status == JobStatus.DEAD.value)
-        query = query.where(jobs.c.crashes >= quarantined_at)
+        query = query.where(jobs.c.rescues >= quarantined_at)
     if status is not None:
         query = query.where(jobs.c.status == status)
     if queue is not None:
@@ -374,7 +374,12 @@ class JobSummary:
     #: The first :data:`PREVIEW_CHARS` characters.
     last_error: str | None
     #: Attempts lost to crashes of their worker (the crash budget).
-    crashes: int = 0
+    rescues: int = 0
+
+    @property
+    def crashes(self) -> int:
+        """The attempts lost with their worker: :attr:`rescues`."""
+        return self.rescues
 
 
 def _preview(column: Any) -> Any:
