@@ -183,6 +183,9 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
         SQLQUEUE_DATABASE_URI=env.get("CHAOS_DATABASE_URI"),
         SQLQUEUE_STALE_AFTER=float(env.get("CHAOS_STALE_AFTER", "2")),
         SQLQUEUE_MAX_ATTEMPTS=int(env.get("CHAOS_MAX_ATTEMPTS", "5")),
+        # As many crashes as attempts: a job killed by the storm, not by itself, must
+        # not be quarantined sooner than the scenarios expect it to go dead.
+        SQLQUEUE_MAX_CRASHES=int(env.get("CHAOS_MAX_ATTEMPTS", "5")),
         SQLQUEUE_BACKOFF_BASE=float(env.get("CHAOS_BACKOFF_BASE", "0")),
         SQLQUEUE_BACKOFF_JITTER=0,
         CHAOS_SIDE_FILE=env.get("CHAOS_SIDE_FILE", os.devnull),

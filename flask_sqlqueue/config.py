@@ -139,6 +139,8 @@ KEYS: dict[str, Key] = {
         {}, _options, "a dict of create_engine arguments (or that dict as a JSON string)"
     ),
     "SQLQUEUE_MAX_ATTEMPTS": _integer(5, minimum=1),
+    # Crashes (attempts lost with their worker) before a job is quarantined (dead).
+    "SQLQUEUE_MAX_CRASHES": _integer(3, minimum=1),
     "SQLQUEUE_BACKOFF_BASE": _number(30.0, minimum=0),
     "SQLQUEUE_BACKOFF_CAP": _number(3600.0, minimum=0),
     "SQLQUEUE_BACKOFF_JITTER": _number(20.0, minimum=0),
@@ -206,6 +208,8 @@ class Settings:
     use_app_database: bool = default("SQLQUEUE_USE_APP_DATABASE")
     engine_options: Mapping[str, Any] = field(default_factory=dict)
     max_attempts: int = default("SQLQUEUE_MAX_ATTEMPTS")
+    #: Attempts lost to crashes of their worker before a job is quarantined.
+    max_crashes: int = default("SQLQUEUE_MAX_CRASHES")
     backoff_base: float = default("SQLQUEUE_BACKOFF_BASE")
     backoff_cap: float = default("SQLQUEUE_BACKOFF_CAP")
     backoff_jitter: float = default("SQLQUEUE_BACKOFF_JITTER")

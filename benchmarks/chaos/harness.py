@@ -325,6 +325,7 @@ class Harness:
                     "SQLQUEUE_DATABASE_URI": self.url,
                     "SQLQUEUE_STALE_AFTER": self.stale_after,
                     "SQLQUEUE_MAX_ATTEMPTS": self.max_attempts,
+                    "SQLQUEUE_MAX_CRASHES": self.max_attempts,
                     "CHAOS_SIDE_FILE": str(self.side),
                 }
             )

@@ -390,6 +390,9 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             )
             dead_ids = [j.id for j in page[:per_page] if j.status == JobStatus.DEAD]
             effects = queries.effects_by_job(conn, dead_ids)
+        quarantined = {
+            j.id for j in page if queries.quarantined(j.status, j.crashes, st.settings.max_crashes)
+        }
         more = len(page) > per_page
         page = page[:per_page]
         older = (
@@ -410,6 +413,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             tasks=tasks,
             per_page=per_page,
             effects=effects,
+            quarantined=quarantined,
         )
 
     @bp.get("/jobs/<int:job_id>")
@@ -434,6 +438,9 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             edges=edges,
             batch=None if batch is None else batch.summary(job_id),
             effects=effects,
+            replay_note=queries.replay_note(effects),
+            max_crashes=st.settings.max_crashes,
+            quarantined=queries.quarantined(found.status, found.crashes, st.settings.max_crashes),
             errors=[e for e in errors if isinstance(e, dict)],
             raw_errors=None if isinstance(found.errors, list) else found.errors,
             history=history,

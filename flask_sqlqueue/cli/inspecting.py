@@ -168,9 +168,19 @@ def _echo_schedules(state: QueueState, now: datetime) -> None:
 @click.option("--task", help="Only jobs of this task.")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--before", "before_id", type=JOB_ID, help="Page: jobs older than this id.")
+@click.option(
+    "--quarantined",
+    is_flag=True,
+    help="Only dead jobs that spent their crash budget (SQLQUEUE_MAX_CRASHES).",
+)
 @clean_errors
 def list_command(
-    status: str | None, queue: str | None, task: str | None, limit: int, before_id: int | None
+    status: str | None,
+    queue: str | None,
+    task: str | None,
+    limit: int,
+    before_id: int | None,
+    quarantined: bool,
 ) -> None:
     """List jobs, newest first, a page at a time.
 
@@ -178,12 +188,20 @@ def list_command(
     Example:
       flask queue list --status dead --queue mail
       flask queue list --before 1200     # the next page
+      flask queue list --quarantined     # jobs that kept killing their worker
     """
     state = app_state()
+    budget = state.settings.max_crashes
     with state.store.read() as conn:
         # One extra row tells whether another page exists, so the hint never leads nowhere.
         jobs = queries.list_jobs(
-            conn, status=status, queue=queue, task=task, before_id=before_id, limit=limit + 1
+            conn,
+            status=status,
+            queue=queue,
+            task=task,
+            before_id=before_id,
+            limit=limit + 1,
+            quarantined_at=budget if quarantined else None,
         )
     more, jobs = len(jobs) > limit, jobs[:limit]
     if not jobs:
@@ -194,7 +212,7 @@ def list_command(
             str(job.id),
             job.queue,
             job.task,
-            str(job.status),
+            _status_text(job.status, job.crashes, budget),
             f"{job.attempts}/{job.max_attempts}",
             format_time(job.run_at),
             first_line(job.last_error, 50),
@@ -267,8 +285,9 @@ def show_command(job_id: int) -> None:
         ("id", job.id),
         ("task", job.task),
         ("queue", job.queue),
-        ("status", job.status),
+        ("status", _status_text(job.status, job.crashes, state.settings.max_crashes)),
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
+        ("crashes", f"{job.crashes}/{state.settings.max_crashes}"),
         ("priority", job.priority),
         ("idempotency key", job.idempotency_key or "-"),
         ("run at", format_time(job.run_at)),
@@ -302,8 +321,11 @@ def show_command(job_id: int) -> None:
     click.echo(indent(json.dumps(job.result, indent=2, ensure_ascii=False)))
     _echo_edges(edges)
     click.echo(f"effects reserved: {len(effects)}")
-    for key, at in effects:
-        click.echo(f"  {key}  ({format_time(at)})")
+    for key, at, done in effects:
+        outcome = "outcome unknown" if done is None else f"done {format_time(done)}"
+        click.echo(f"  {key}  ({format_time(at)}, {outcome})")
+    if job.status in (JobStatus.DEAD, JobStatus.CANCELLED):
+        click.echo(f"replay: {queries.replay_note(effects)}")
     own = registered.backoff if registered is not None else None
     for line in _retry_lines(job, retry_plan(job, state.store.backoff, own), state.store.now()):
         click.echo(line)
@@ -318,6 +340,13 @@ def show_command(job_id: int) -> None:
         )
         if record.get("traceback"):
             click.echo(indent(str(record["traceback"]).rstrip(), 4))
+
+
+def _status_text(status: str, crashes: int, max_crashes: int) -> str:
+    """A job's status, ``dead (quarantined)`` for one that spent its crash budget."""
+    if queries.quarantined(status, crashes, max_crashes):
+        return f"{status} (quarantined)"
+    return str(status)
 
 
 def _retry_lines(job: Job, planned: list[PlannedAttempt], now: datetime) -> list[str]:

@@ -6,7 +6,10 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterator
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from dataclasses import field
@@ -82,13 +85,7 @@ class JobContext:
         :raises ValueError: no key was given and the job has no idempotency key.
         :raises ClaimLost: the job was taken from this attempt (for example rescued).
         """
-        if key is None:
-            if self.idempotency_key is None:
-                raise ValueError(
-                    f"Job {self.id} has no idempotency_key; pass reserve_effect(key) explicitly."
-                )
-            key = self.idempotency_key
-        check_key(key, "effect key")
+        key = self._effect_key(key, "reserve_effect")
         store = self.store
 
         def reserve(conn: object) -> bool:
@@ -97,6 +94,43 @@ class JobContext:
             return store.ops.insert_effect(conn, key, self.id, store.now())  # type: ignore[arg-type]
 
         return bool(store.run_write(reserve))
+
+    @contextmanager
+    def effect(self, key: str | None = None) -> Iterator[bool]:
+        """Reserve ``key`` as :meth:`reserve_effect` does, and mark it done when the block
+        exits without an exception::
+
+            with current_job.effect(f"mail:{order_id}") as first:
+                if first:
+                    send_receipt(order_id)
+
+        ``first`` is ``True`` only for the first caller ever, as :meth:`reserve_effect`
+        returns. Only that caller's block marks the effect done. A block that raises, or
+        an attempt lost with its worker, leaves the reservation of unknown outcome: the
+        dead-letter views (``flask queue show``, the admin) then say to reconcile before
+        a replay, since the replay will not repeat it.
+
+        :param key: 1-255 characters; ``None`` means the job's ``idempotency_key``.
+        :raises ValueError: no key was given and the job has no idempotency key.
+        :raises ClaimLost: the job was taken from this attempt before the reservation.
+        """
+        key = self._effect_key(key, "effect")
+        first = self.reserve_effect(key)
+        yield first
+        if first:
+            # Not fenced by the claim: the effect happened whoever owns the job now.
+            now = self.store.now()
+            self.store.run_write(lambda conn: lifecycle.mark_effect_done(conn, key, self.id, now))
+
+    def _effect_key(self, key: str | None, method: str) -> str:
+        if key is None:
+            if self.idempotency_key is None:
+                raise ValueError(
+                    f"Job {self.id} has no idempotency_key; pass {method}(key) explicitly."
+                )
+            key = self.idempotency_key
+        check_key(key, "effect key")
+        return key
 
     # -- dependencies -----------------------------------------------------------------------
 
@@ -288,6 +322,9 @@ class _CurrentJob:
     def reserve_effect(self, key: str | None = None) -> bool:
         return get_current().reserve_effect(key)
 
+    def effect(self, key: str | None = None) -> AbstractContextManager[bool]:
+        return get_current().effect(key)
+
     @property
     def dependency_results(self) -> Mapping[int, Any]:
         """The result of each job this one depends on, by job id (read once, lazily)."""
@@ -313,5 +350,5 @@ class _CurrentJob:
 
 
 current_job = _CurrentJob()
-for _name in ("reserve_effect", "raise_if_cancelled", "set_progress"):
+for _name in ("reserve_effect", "effect", "raise_if_cancelled", "set_progress"):
     getattr(_CurrentJob, _name).__doc__ = getattr(JobContext, _name).__doc__

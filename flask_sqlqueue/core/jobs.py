@@ -47,6 +47,8 @@ class Job:
     #: One dict per failed attempt: ``attempt``, ``type``, ``message``, ``traceback``,
     #: ``worker``, ``at``.
     errors: list[dict[str, Any]] = field(default_factory=list)
+    #: Attempts lost to a crash of their worker (rescued) since the job was enqueued or
+    #: last replayed; at ``SQLQUEUE_MAX_CRASHES`` the job is quarantined (docs/outcomes.md).
     rescues: int = 0
     releases: int = 0
     #: When cancellation of the running job was asked for (it stops if its task checks).
@@ -59,6 +61,11 @@ class Job:
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
     _source: JobSource | None = field(default=None, repr=False)
+
+    @property
+    def crashes(self) -> int:
+        """Its crash budget spent: the attempts lost with their worker, :attr:`rescues`."""
+        return self.rescues
 
     @classmethod
     def inserted(cls, job_id: int, values: Mapping[str, Any], source: JobSource) -> Job:

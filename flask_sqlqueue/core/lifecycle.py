@@ -34,6 +34,7 @@ from .liveness import BootCutoff
 from .liveness import elsewhere
 from .liveness import heartbeat_fresh
 from .models import JobStatus
+from .models import effects
 from .models import jobs
 from .models import utcnow
 from .models import workers
@@ -666,6 +667,30 @@ def unregister_worker(conn: Connection, worker_id: str, now: datetime) -> None:
     )
 
 
+def mark_effect_done(conn: Connection, key: str, job_id: int, now: datetime) -> bool:
+    """Record that job ``job_id`` did the effect it reserved as ``key``; ``False`` if it
+    holds no such reservation (pruned, say) or it was marked before."""
+    done = conn.execute(
+        sa.update(effects)
+        .where(effects.c.key == key, effects.c.job_id == job_id, effects.c.done_at.is_(None))
+        .values(done_at=now)
+    )
+    return done.rowcount == 1
+
+
+#: The error type of the attempt that quarantined its job.
+QUARANTINED = "Quarantined"
+
+
+def quarantine_note(crashes: int) -> str:
+    """The message of the attempt that quarantined a job (``last_error`` then reads
+    ``"Quarantined: killed its worker 3 times ..."``)."""
+    return (
+        f"killed its worker {crashes} times (SQLQUEUE_MAX_CRASHES); find out why "
+        "before replaying it"
+    )
+
+
 def rescue_stale(
     conn: Connection,
     stale_before: datetime,
@@ -673,6 +698,7 @@ def rescue_stale(
     *,
     boot: BootCutoff | None = None,
     silent: Iterable[str] | None = None,
+    max_crashes: int = default("SQLQUEUE_MAX_CRASHES"),
 ) -> list[tuple[int, str, str]]:
     """Take back running jobs whose worker stopped heartbeating before ``stale_before``.
 
@@ -680,9 +706,11 @@ def rescue_stale(
     instead (core/liveness.py). With ``silent``, a worker judged by the queue's time is
     lost only if it is also among these ids: the ones the rescuer itself saw silent.
 
-    The lost attempt counts (it may have crashed the worker: a poison pill must end
-    dead, not loop); a job that ends cancels its waiting dependents. Returns ``(job id,
-    new status, lost worker id)`` for each job.
+    The lost attempt counts, and is a crash: a job whose crashes reach ``max_crashes``
+    is quarantined (``dead``, see :func:`quarantine_note`) even with attempts left, so a
+    poison pill that kills its worker stops long before its retries are spent. A job
+    that ends cancels its waiting dependents. Returns ``(job id, new status, lost
+    worker id)`` for each job.
     """
     keep = heartbeat_fresh(stale_before, boot)
     if silent is not None:
@@ -695,6 +723,7 @@ def rescue_stale(
             jobs.c.id,
             jobs.c.attempts,
             jobs.c.max_attempts,
+            jobs.c.rescues,
             jobs.c.worker_id,
             jobs.c.claim_token,
             jobs.c.errors,
@@ -716,10 +745,12 @@ def rescue_stale(
     rescued = []
     for row in lost:
         worker = row.worker_id or "unknown"
-        record = error_record(
-            row.attempts, "WorkerLost", f"worker lost: {worker}", "", row.worker_id, now
-        )
-        status = DEAD if row.attempts >= row.max_attempts else PENDING
+        crashes = row.rescues + 1
+        kind, message = "WorkerLost", f"worker lost: {worker}"
+        if crashes >= max_crashes:
+            kind, message = QUARANTINED, f"{quarantine_note(crashes)}; last {message}"
+        record = error_record(row.attempts, kind, message, "", row.worker_id, now)
+        status = DEAD if row.attempts >= row.max_attempts or crashes >= max_crashes else PENDING
         if status == PENDING and row.cancel_requested_at is not None:
             status = CANCELLED  # its cancellation was asked for: do not run it again
         done = conn.execute(

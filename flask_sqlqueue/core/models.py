@@ -166,6 +166,9 @@ jobs = sa.Table(
     _column("rescues", sa.Integer, default=0, server_default="0"),
     # Times a stopping worker handed the job back unfinished (not counted as attempts).
     _column("releases", sa.Integer, default=0, server_default="0"),
+    # Attempts lost to a crash of the process running them (a worker that stopped
+    # heartbeating); a job is quarantined once it reaches SQLQUEUE_MAX_CRASHES, and a
+    # replay starts it at 0 again (the rescues above count the same losses for good).
     _column("priority", sa.Integer, default=0),
     _column("run_at", UTCDateTime),
     _column("created_at", UTCDateTime),
@@ -219,6 +222,9 @@ effects = sa.Table(
     _column("job_id", sa.BigInteger, null=True, index=True),
     # Indexed for pruning old keys (SQLQUEUE_KEEP_EFFECTS).
     _column("created_at", UTCDateTime, index=True),
+    # When the task marked the effect done (``current_job.effect()``); None while its
+    # outcome is unknown: reserved, then the attempt failed or its worker died.
+    _column("done_at", UTCDateTime, null=True),
 )
 
 #: One edge of a workflow: job ``job_id`` runs once job ``depends_on_id`` completed

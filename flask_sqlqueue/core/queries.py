@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -192,10 +193,18 @@ def list_jobs(
     task: str | None = None,
     before_id: int | None = None,
     limit: int = 50,
+    quarantined_at: int | None = None,
 ) -> list[JobSummary]:
     """Jobs newest first, as a list shows them (:class:`JobSummary`: no payload, result
-    or history is read); pass the last id seen as ``before_id`` for the next page."""
+    or history is read); pass the last id seen as ``before_id`` for the next page.
+
+    :param quarantined_at: only quarantined jobs: dead, with at least this many crashes
+        (the crash budget, ``SQLQUEUE_MAX_CRASHES``).
+    """
     query = sa.select(*_SUMMARY_COLUMNS)
+    if quarantined_at is not None:
+        query = query.where(jobs.c.status == JobStatus.DEAD.value)
+        query = query.where(jobs.c.rescues >= quarantined_at)
     if status is not None:
         query = query.where(jobs.c.status == status)
     if queue is not None:
@@ -208,16 +217,39 @@ def list_jobs(
     return [JobSummary(**row._mapping) for row in rows]
 
 
-def job_effects(conn: Connection, job_id: int) -> list[tuple[str, datetime]]:
+def quarantined(status: str, crashes: int, max_crashes: int) -> bool:
+    """Whether a job is quarantined: dead, with its crash budget (``max_crashes``) spent
+    (core/lifecycle.py, ``rescue_stale``)."""
+    return status == JobStatus.DEAD.value and crashes >= max_crashes
+
+
+class Effect(NamedTuple):
+    """An effect key a job reserved, and when its task marked it done (``None``: its
+    outcome is unknown, see :meth:`JobContext.effect`)."""
+
+    key: str
+    reserved_at: datetime
+    done_at: datetime | None
+
+
+def job_effects(conn: Connection, job_id: int) -> list[Effect]:
     """The effect keys a job has reserved, oldest first."""
-    return [
-        (row.key, row.created_at)
-        for row in conn.execute(
-            sa.select(effects.c.key, effects.c.created_at)
-            .where(effects.c.job_id == job_id)
-            .order_by(effects.c.id)
-        )
-    ]
+    return effects_by_job(conn, [job_id]).get(job_id, [])
+
+
+def unsettled(found: list[Effect]) -> list[str]:
+    """The keys of effects reserved but never marked done: before a dead job is replayed,
+    someone must find out whether each happened (the replay will not repeat them). A
+    job with none is safe to replay as far as its reserved effects go."""
+    return [effect.key for effect in found if effect.done_at is None]
+
+
+def replay_note(found: list[Effect]) -> str:
+    """One line for a dead job's view: whether its reserved effects let it be replayed."""
+    keys = unsettled(found)
+    if not keys:
+        return "safe to replay" + (" (every reserved effect is done)" if found else "")
+    return f"reserved, outcome unknown: reconcile first: {', '.join(keys)}"
 
 
 def live_workers(conn: Connection, fresh: sa.ColumnElement[bool]) -> list[Any]:
@@ -341,6 +373,13 @@ class JobSummary:
     progress_message: str | None
     #: The first :data:`PREVIEW_CHARS` characters.
     last_error: str | None
+    #: Attempts lost to crashes of their worker (the crash budget).
+    rescues: int = 0
+
+    @property
+    def crashes(self) -> int:
+        """The attempts lost with their worker: :attr:`rescues`."""
+        return self.rescues
 
 
 def _preview(column: Any) -> Any:
@@ -434,18 +473,18 @@ def running_jobs(conn: Connection, limit: int = 500) -> list[Any]:
     return rows[:limit]
 
 
-def effects_by_job(conn: Connection, job_ids: list[int]) -> dict[int, list[tuple[str, datetime]]]:
+def effects_by_job(conn: Connection, job_ids: list[int]) -> dict[int, list[Effect]]:
     """The effect keys each of ``job_ids`` has reserved, oldest first."""
-    found: dict[int, list[tuple[str, datetime]]] = {}
+    found: dict[int, list[Effect]] = {}
     if not job_ids:
         return found
     rows = conn.execute(
-        sa.select(effects.c.job_id, effects.c.key, effects.c.created_at)
+        sa.select(effects.c.job_id, effects.c.key, effects.c.created_at, effects.c.done_at)
         .where(effects.c.job_id.in_(job_ids))
         .order_by(effects.c.id)
     )
-    for job_id, key, created_at in rows:
-        found.setdefault(job_id, []).append((key, created_at))
+    for job_id, key, created_at, done_at in rows:
+        found.setdefault(job_id, []).append(Effect(key, created_at, done_at))
     return found
 
 

@@ -532,7 +532,14 @@ class Store:
             if watch is not None:
                 watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
                 silent = watch.silent(stale_after)
-            rescued = lifecycle.rescue_stale(conn, stale_before, now, boot=boot, silent=silent)
+            rescued = lifecycle.rescue_stale(
+                conn,
+                stale_before,
+                now,
+                boot=boot,
+                silent=silent,
+                max_crashes=self.settings.max_crashes,
+            )
             if any(status == lifecycle.PENDING for _, status, _ in rescued):
                 self.ops.notify(conn)
             return rescued

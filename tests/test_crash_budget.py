@@ -1,0 +1,304 @@
+"""The crash budget and effects with an outcome, on every backend.
+
+A job whose attempts are lost with their worker (SIGKILLed here, mid-job, in real worker
+processes) counts each loss in ``crashes``, apart from its task's own failures, and is
+quarantined once they reach ``SQLQUEUE_MAX_CRASHES``: ``dead`` with a ``Quarantined``
+last error, shown as quarantined by ``flask queue show``/``list`` and the admin, and
+replayed by hand like any dead job. ``current_job.effect(key)`` marks a reservation done
+when its block ends, so the dead-letter views can tell a job safe to replay from one
+whose reserved effects must be reconciled first.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from flask import Flask
+
+from flask_sqlqueue import SQLQueue
+from flask_sqlqueue import WorkerOptions
+from flask_sqlqueue import current_job
+from flask_sqlqueue.core.models import effects
+from flask_sqlqueue.exceptions import ConfigurationError
+from flask_sqlqueue.exceptions import NoJobContext
+from tests import crash_app
+from tests.conftest import ROOT
+from tests.conftest import flask_env
+from tests.waiting import WAIT
+from tests.waiting import wait_for
+from tests.workers import run_burst
+from tests.workers import running
+
+# Rescues nothing itself (stale after an hour): another worker or `flask queue rescue` does.
+WORKER = (
+    "from flask_sqlqueue import WorkerOptions\n"
+    "from tests import crash_app\n"
+    "app = crash_app.create_app()\n"
+    "options = WorkerOptions(poll_interval=0.2, stale_after=3600, grace=1)\n"
+    "crash_app.queue.worker(options, app).run()\n"
+)
+
+
+@pytest.fixture
+def app(make_app: Any, database_uri: str) -> Iterator[Flask]:
+    """The crash app on the test's database: 2 crashes quarantine, stale after 1 s."""
+    make_app()  # the schema
+    made = crash_app.create_app(
+        {
+            "SQLQUEUE_DATABASE_URI": database_uri,
+            "SQLQUEUE_MAX_CRASHES": 2,
+            "SQLQUEUE_STALE_AFTER": 1,
+        }
+    )
+    made.secret_key = "test"
+    made.register_blueprint(
+        crash_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q"
+    )
+    yield made
+    made.extensions["sqlqueue"].store.engine.dispose()
+
+
+def job(app: Flask, job_id: int) -> Any:
+    found = crash_app.queue.state(app).store.get_job(job_id)
+    assert found is not None
+    return found
+
+
+def cli(app: Flask, *args: str) -> str:
+    result = app.test_cli_runner().invoke(args=["queue", *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result.output
+
+
+def page(app: Flask, path: str) -> str:
+    response = app.test_client().get("/q" + path)
+    assert response.status_code == 200
+    return response.get_data(as_text=True)
+
+
+def enqueue(app: Flask, task: Any, *args: Any, **kwargs: Any) -> int:
+    with app.app_context():
+        return task.enqueue(*args, **kwargs).id  # type: ignore[no-any-return]
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def kill_mid_job(database_uri: str, path: Path, runs: int) -> None:
+    """Start a worker process, wait until it runs the hanging job (its ``runs``-th run),
+    and SIGKILL it there."""
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER],
+        env=flask_env(database_uri),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: len(lines(path)) >= runs or worker.poll() is not None, f"run {runs} to start"
+        )
+        assert worker.poll() is None, worker.communicate()[1]
+        assert lines(path)[-1].split()[2] == str(worker.pid)
+    finally:
+        worker.send_signal(signal.SIGKILL)
+        worker.communicate(timeout=WAIT)
+
+
+def worker_thread(app: Flask) -> Any:
+    """A live in-process worker that rescues the jobs of workers silent for 1 s."""
+    options = WorkerOptions(poll_interval=0.2, stale_after=1)
+    return crash_app.queue.worker(options, app)
+
+
+# -- the crash budget ----------------------------------------------------------------------------
+
+
+def test_a_job_that_keeps_killing_its_worker_is_quarantined(
+    app: Flask, database_uri: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "runs.txt"
+    job_id = enqueue(app, crash_app.hang, str(path), "mail:1")
+
+    # Crash 1, taken back by `flask queue rescue`: pending again, an attempt spent.
+    kill_mid_job(database_uri, path, runs=1)
+    wait_for(lambda: "Rescued 1 job(s)." in cli(app, "rescue"), "the rescue of crash 1")
+    first = job(app, job_id)
+    assert (first.status, first.attempts, first.crashes, first.rescues) == ("pending", 1, 1, 1)
+    assert first.last_error.startswith("WorkerLost: worker lost: ")
+
+    # Crash 2, taken back by a live worker: the budget (2) is spent, attempts are not (5).
+    kill_mid_job(database_uri, path, runs=2)
+    with running(worker_thread(app)):
+        wait_for(lambda: job(app, job_id).status == "dead", "the quarantine")
+    ended = job(app, job_id)
+    assert (ended.attempts, ended.max_attempts, ended.crashes) == (2, 5, 2)
+    assert ended.last_error.startswith("Quarantined: killed its worker 2 times")
+    assert [record["type"] for record in ended.errors] == ["WorkerLost", "Quarantined"]
+    assert [line.split()[3] for line in lines(path)] == ["True", "False"]
+
+    # Shown as quarantined, with the effect it reserved and never finished.
+    failed = enqueue(app, crash_app.fails)
+    with app.app_context():
+        run_burst(crash_app.queue.worker(WorkerOptions(poll_interval=0.1)))
+    assert job(app, failed).status == "dead"
+    shown = cli(app, "show", str(job_id))
+    assert re.search(r"^status +dead \(quarantined\)$", shown, re.M), shown
+    assert re.search(r"^crashes +2/2$", shown, re.M), shown
+    assert "  mail:1  (" in shown and "outcome unknown)" in shown
+    assert "replay: reserved, outcome unknown: reconcile first: mail:1" in shown
+    listed = cli(app, "list", "--quarantined")
+    assert re.search(rf"^{job_id} .*dead \(quarantined\)", listed, re.M), listed
+    assert not re.search(rf"^{failed} ", listed, re.M), listed
+    assert "No jobs match." in cli(app, "list", "--quarantined", "--task", "nothing.here")
+    body = page(app, f"/jobs/{job_id}")
+    assert 'id="sqlqueue-quarantined"' in body and "killed its worker 2 times" in body
+    assert "reserved, outcome unknown: reconcile first: mail:1" in body
+    dead_list = page(app, "/jobs?status=dead")
+    assert dead_list.count("muted quarantined") == 1
+
+    # Replayed by hand like any dead job: a fresh crash budget.
+    assert cli(app, "retry", str(job_id)).strip() == "Replayed 1 job(s)."
+    replayed = job(app, job_id)
+    assert (replayed.status, replayed.attempts, replayed.crashes) == ("pending", 0, 0)
+
+
+def test_a_crash_still_spends_an_attempt(app: Flask, database_uri: str, tmp_path: Path) -> None:
+    # max_attempts=1 means one start, crash or not: the lost attempt ends the job, and
+    # it is dead for its attempts, not quarantined (1 crash of 2).
+    path = tmp_path / "runs.txt"
+    with app.app_context():
+        job_id = crash_app.hang.using(max_attempts=1).enqueue(str(path), "mail:2").id
+    kill_mid_job(database_uri, path, runs=1)
+    wait_for(lambda: "Rescued 1 job(s)." in cli(app, "rescue"), "the rescue")
+    ended = job(app, job_id)
+    assert (ended.status, ended.attempts, ended.crashes) == ("dead", 1, 1)
+    assert ended.last_error.startswith("WorkerLost: ")
+    shown = cli(app, "show", str(job_id))
+    assert re.search(r"^status +dead$", shown, re.M), shown
+    assert "No jobs match." in cli(app, "list", "--quarantined")
+
+
+def test_a_task_that_raises_never_counts_a_crash(app: Flask) -> None:
+    job_id = enqueue(app, crash_app.fails)
+    with app.app_context():
+        run_burst(crash_app.queue.worker(WorkerOptions(poll_interval=0.1)))
+    ended = job(app, job_id)
+    assert (ended.status, ended.attempts, ended.crashes) == ("dead", 2, 0)
+    assert "(quarantined)" not in cli(app, "show", str(job_id))
+    assert 'id="sqlqueue-quarantined"' not in page(app, f"/jobs/{job_id}")
+    assert "No jobs match." in cli(app, "list", "--quarantined")
+
+
+def test_the_crash_budget_is_a_whole_number_of_one_or_more(tmp_path: Path) -> None:
+    config = {"SQLQUEUE_DATABASE_URI": f"sqlite:///{tmp_path / 'queue.db'}"}
+    assert (
+        crash_app.queue_app("budget", SQLQueue(), config)
+        .extensions["sqlqueue"]
+        .settings.max_crashes
+        == 3
+    )
+    given = {**config, "SQLQUEUE_MAX_CRASHES": "7"}
+    assert (
+        crash_app.queue_app("given", SQLQueue(), given).extensions["sqlqueue"].settings.max_crashes
+        == 7
+    )
+    for bad in (0, "two", 1.5):
+        with pytest.raises(
+            ConfigurationError, match="SQLQUEUE_MAX_CRASHES must be a whole number >= 1"
+        ):
+            crash_app.queue_app("bad", SQLQueue(), {**config, "SQLQUEUE_MAX_CRASHES": bad})
+    assert not (tmp_path / "queue.db").exists()
+
+
+# -- effects with an outcome ---------------------------------------------------------------------
+
+
+def run_all(app: Flask) -> None:
+    with app.app_context():
+        run_burst(crash_app.queue.worker(WorkerOptions(poll_interval=0.1)))
+
+
+def outcomes(app: Flask) -> dict[str, tuple[int, bool]]:
+    """Each effect key: its job, and whether it is marked done."""
+    with crash_app.queue.state(app).store.read() as conn:
+        rows = conn.execute(sa.select(effects.c.key, effects.c.job_id, effects.c.done_at))
+        return {key: (job_id, done is not None) for key, job_id, done in rows}
+
+
+def test_an_effect_is_done_when_its_block_ends(app: Flask) -> None:
+    mixed = enqueue(app, crash_app.effects_then_fail, ["charge:1"], ["mail:1", "sms:1"])
+    inside = enqueue(app, crash_app.fails_inside, "charge:2")
+    settled = enqueue(app, crash_app.effects_then_fail, ["charge:3"], [])
+    bare = enqueue(app, crash_app.fails)
+    run_all(app)
+    assert outcomes(app) == {
+        "charge:1": (mixed, True),
+        "mail:1": (mixed, False),
+        "sms:1": (mixed, False),
+        "charge:2": (inside, False),  # its block raised: the call may or may not have happened
+        "charge:3": (settled, True),
+    }
+
+    shown = cli(app, "show", str(mixed))
+    assert "  charge:1  (" in shown and re.search(r"charge:1  \(.*, done .*\)", shown)
+    assert "replay: reserved, outcome unknown: reconcile first: mail:1, sms:1" in shown
+    assert "replay: reserved, outcome unknown: reconcile first: charge:2" in cli(
+        app, "show", str(inside)
+    )
+    assert "replay: safe to replay (every reserved effect is done)" in cli(
+        app, "show", str(settled)
+    )
+    assert "replay: safe to replay\n" in cli(app, "show", str(bare))
+
+    body = page(app, f"/jobs/{mixed}")
+    assert "Replay: reserved, outcome unknown: reconcile first: mail:1, sms:1" in body
+    assert "Replay: safe to replay" in page(app, f"/jobs/{settled}")
+    assert "Replay: safe to replay" in page(app, f"/jobs/{bare}")
+    listed = page(app, "/jobs?status=dead")
+    rows = dict(
+        re.findall(r'name="ids" value="(\d+)".*?<td class="effects"[^>]*>(.*?)</td>', listed, re.S)
+    )
+    assert "reconcile first" in rows[str(mixed)] and "sms:1" in rows[str(mixed)]
+    assert "charge:1" not in rows[str(mixed)] and "3 reserved, 1 done" in rows[str(mixed)]
+    assert "safe to replay" in rows[str(settled)] and "1 reserved, 1 done" in rows[str(settled)]
+    assert "safe to replay" in rows[str(bare)] and "none reserved" in rows[str(bare)]
+
+    # A replay skips every reservation, done or not; its blocks mark nothing again.
+    assert cli(app, "retry", str(mixed)).strip() == "Replayed 1 job(s)."
+    run_all(app)
+    assert outcomes(app)["mail:1"] == (mixed, False)
+
+
+def test_only_the_first_caller_marks_an_effect_done(app: Flask) -> None:
+    first = enqueue(app, crash_app.effect_once, "receipt:9")
+    run_all(app)
+    second = enqueue(app, crash_app.effect_once, "receipt:9")
+    run_all(app)
+    assert (job(app, first).result, job(app, second).result) == (True, False)
+    assert outcomes(app) == {"receipt:9": (first, True)}
+    with app.app_context():
+        keyed = crash_app.effect_once.using(idempotency_key="order-5").enqueue().id
+    run_all(app)
+    assert job(app, keyed).result is True and outcomes(app)["order-5"] == (keyed, True)
+
+
+def test_effect_without_a_key_names_the_fix(app: Flask) -> None:
+    job_id = enqueue(app, crash_app.effect_once)
+    run_all(app)
+    ended = job(app, job_id)
+    assert ended.status == "dead"
+    assert "pass effect(key) explicitly" in ended.last_error
+    assert outcomes(app) == {}
+    with pytest.raises(NoJobContext):
+        current_job.effect("outside")
