@@ -53,6 +53,7 @@ QUEUE_TABLES = {
     "sqlqueue_schedules",
     "sqlqueue_job_dependencies",
     "sqlqueue_batches",
+    "sqlqueue_job_tags",
 }
 HINT = "flask queue db upgrade"
 EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'

@@ -21,6 +21,7 @@ from ..core.models import JobStatus
 from ..core.queues import paused_queues
 from ..core.retries import PlannedAttempt
 from ..core.retries import retry_plan
+from ..core.tags import check_tag
 from ..core.tasks import task_timeouts
 from ..extension import QueueState
 from .base import JOB_ID
@@ -164,11 +165,17 @@ def _echo_schedules(state: QueueState, now: datetime) -> None:
 @click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
 @click.option("--queue", help="Only jobs in this queue.")
 @click.option("--task", help="Only jobs of this task.")
+@click.option("--tag", help="Only jobs with this tag (exactly).")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--before", "before_id", type=JOB_ID, help="Page: jobs older than this id.")
 @clean_errors
 def list_command(
-    status: str | None, queue: str | None, task: str | None, limit: int, before_id: int | None
+    status: str | None,
+    queue: str | None,
+    task: str | None,
+    tag: str | None,
+    limit: int,
+    before_id: int | None,
 ) -> None:
     """List jobs, newest first, a page at a time.
 
@@ -176,12 +183,21 @@ def list_command(
     Example:
       flask queue list --status dead --queue mail
       flask queue list --before 1200     # the next page
+      flask queue list --tag customer:42
     """
+    if tag is not None:
+        check_tag(tag, "--tag")
     state = app_state()
     with state.store.read() as conn:
         # One extra row tells whether another page exists, so the hint never leads nowhere.
         jobs = queries.list_jobs(
-            conn, status=status, queue=queue, task=task, before_id=before_id, limit=limit + 1
+            conn,
+            status=status,
+            queue=queue,
+            task=task,
+            tag=tag,
+            before_id=before_id,
+            limit=limit + 1,
         )
     more, jobs = len(jobs) > limit, jobs[:limit]
     if not jobs:
@@ -199,11 +215,12 @@ def list_command(
         ]
         for job in jobs
     ]
-    click.echo(
-        format_table(
-            ["id", "queue", "task", "status", "attempts", "run_at (UTC)", "last error"], rows
-        )
-    )
+    headers = ["id", "queue", "task", "status", "attempts", "run_at (UTC)", "last error"]
+    if any(job.tags for job in jobs):  # a page without tags looks as it always did
+        headers.append("tags")
+        for row, job in zip(rows, jobs, strict=True):
+            row.append(",".join(job.tags))
+    click.echo(format_table(headers, rows))
     if more:
         click.echo(f"(more: --before {jobs[-1].id})")
 
@@ -234,6 +251,7 @@ def show_command(job_id: int) -> None:
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
         ("priority", job.priority),
         ("idempotency key", job.idempotency_key or "-"),
+        ("tags", ", ".join(job.tags) or "-"),
         ("run at", format_time(job.run_at)),
         ("created", format_time(job.created_at)),
         ("updated", format_time(job.updated_at)),
@@ -261,6 +279,9 @@ def show_command(job_id: int) -> None:
     click.echo(indent(json.dumps(job.kwargs, indent=2, ensure_ascii=False)))
     if job.payload_error:
         click.echo(f"  ({job.payload_error})")
+    if job.meta:
+        click.echo("meta:")
+        click.echo(indent(json.dumps(job.meta, indent=2, ensure_ascii=False)))
     click.echo("result:")
     click.echo(indent(json.dumps(job.result, indent=2, ensure_ascii=False)))
     _echo_edges(edges)

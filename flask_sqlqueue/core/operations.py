@@ -66,19 +66,27 @@ def retry(store: Store, ids: Sequence[int]) -> int:
 
 
 def retry_dead(
-    store: Store, *, queue: str | None = None, task: str | None = None, text: str | None = None
+    store: Store,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    text: str | None = None,
+    tag: str | None = None,
 ) -> int:
     """Replay every dead job (of ``queue``, of ``task``, matching ``text`` as the
-    admin's search does, each if given) with fresh attempts; wakes the workers.
+    admin's search does, tagged ``tag``, each if given) with fresh attempts; wakes the
+    workers.
 
     :returns: how many jobs were replayed.
     """
     now = store.now()
 
     def replay(conn: Connection) -> int:
-        if not text:
+        if not text and not tag:
             return lifecycle.replay_dead(conn, now, queue, task)
-        where = queries.JobFilter(status=JobStatus.DEAD.value, queue=queue, task=task, text=text)
+        where = queries.JobFilter(
+            status=JobStatus.DEAD.value, queue=queue, task=task, text=text, tag=tag
+        )
         ids = queries.job_ids(conn, where)
         return sum(
             lifecycle.replay(conn, ids[i : i + CHUNK], now) for i in range(0, len(ids), CHUNK)
