@@ -90,7 +90,8 @@ def listed_ids(output: str) -> set[int]:
 def admin_ids(app: Flask, query: str) -> set[int]:
     response = app.test_client().get(f"/queue/jobs?{query}")
     assert response.status_code == 200, response.get_data(as_text=True)
-    return {int(i) for i in re.findall(r'name="ids" value="(\d+)"', response.get_data(as_text=True))}
+    page = response.get_data(as_text=True)
+    return {int(i) for i in re.findall(r'name="ids" value="(\d+)"', page)}
 
 
 TRACE = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "n": 1}
