@@ -30,6 +30,7 @@ from tests.conftest import install_schema
 from tests.control_app import store_of
 from tests.sample_app import queue_app
 from tests.workers import run_burst
+from tests.workflow_app import run_doc_example
 
 queue = SQLQueue()
 
@@ -323,3 +324,10 @@ def test_purge_delete_and_retention_remove_the_tag_rows(tags_app: Flask) -> None
     assert tag_rows(tags_app) == {(kept.id, "k")}
     with tags_app.app_context():
         assert [queue.get_job(i) for i in (purged.id, pruned.id, deleted.id)] == [None] * 3
+
+
+def test_the_example_of_the_docs_runs(tmp_path: Path) -> None:
+    assert run_doc_example(tmp_path, "tags_demo.py", "tags.md") == [
+        "['reports', 'customer:42'] {'asked_by': 'ops'}",
+        "{'customer': 42, 'asked_by': 'ops'}",
+    ]
