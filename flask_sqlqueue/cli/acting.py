@@ -38,8 +38,10 @@ def retry_command(
     """
     if bool(job_ids) == dead:
         raise click.UsageError("Give job ids or --dead, not both and not neither.")
-    if (queue or task or tag) and not dead:
-        raise click.UsageError("--queue, --task and --tag go with --dead.")
+    if (queue or task) and not dead:
+        raise click.UsageError("--queue and --task go with --dead.")
+    if tag and not dead:
+        raise click.UsageError("--tag goes with --dead.")
     if tag is not None:
         check_tag(tag, "--tag")
     store = app_state().store

@@ -10,7 +10,7 @@ Tags never change once written, so the two cannot drift apart.
 
 A job without tags writes nothing more than before: the same row, the same statement
 (the columns stay out of it), and no row in ``sqlqueue_job_tags``. A tagged enqueue adds
-one multi-row INSERT in its transaction. Every statement that deletes jobs deletes their
+one INSERT of its tag rows, run for all of them at once, in its transaction. Every statement that deletes jobs deletes their
 tag rows in its transaction (:func:`forget`).
 """
 
