@@ -41,6 +41,12 @@ def echo(value: Any = None) -> dict[str, Any]:
     return {"value": value, "tags": current_job.tags, "meta": dict(current_job.meta)}
 
 
+@queue.task(name="tags.isolated", isolate=True)
+def isolated() -> dict[str, Any]:
+    """As ``echo``, in a child process of the worker."""
+    return {"tags": current_job.tags, "meta": dict(current_job.meta)}
+
+
 @queue.task(name="tags.plain")
 def plain(value: Any = None) -> Any:
     return value
@@ -103,6 +109,7 @@ def test_tags_and_meta_round_trip_through_a_worker(tags_app: Flask) -> None:
         job = echo.using(tags=["eu", "team:billing", "eu"], meta=TRACE).enqueue(7)
         by_name = queue.enqueue("tags.echo", [8], tags=["batch/7"], meta={"source": "cron"})
         bare = plain.enqueue(9)
+        child = isolated.using(tags=["child"], meta=TRACE).enqueue()
         # The task's tags first, then the call's, each once.
         assert job.tags == ["team:billing", "eu"] and job.meta == TRACE
         assert by_name.tags == ["team:billing", "batch/7"]
@@ -117,12 +124,15 @@ def test_tags_and_meta_round_trip_through_a_worker(tags_app: Flask) -> None:
         assert other is not None
         assert other.result["meta"] == {"source": "cron"} == other.meta
         assert queue.get_job(bare.id).tags == []  # type: ignore[union-attr]
+        ran = queue.get_job(child.id)
+        assert ran is not None and ran.result == {"tags": ["child"], "meta": TRACE}, ran
     # A job without tags writes no tag row.
     assert tag_rows(tags_app) == {
         (job.id, "team:billing"),
         (job.id, "eu"),
         (by_name.id, "team:billing"),
         (by_name.id, "batch/7"),
+        (child.id, "child"),
     }
 
 

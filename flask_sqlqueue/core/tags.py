@@ -10,8 +10,8 @@ Tags never change once written, so the two cannot drift apart.
 
 A job without tags writes nothing more than before: the same row, the same statement
 (the columns stay out of it), and no row in ``sqlqueue_job_tags``. A tagged enqueue adds
-one INSERT of its tag rows, run for all of them at once, in its transaction. Every statement that deletes jobs deletes their
-tag rows in its transaction (:func:`forget`).
+one INSERT of its tag rows, run for all of them at once, in its transaction. Every
+statement that deletes jobs deletes their tag rows in its transaction (:func:`forget`).
 """
 
 from __future__ import annotations
