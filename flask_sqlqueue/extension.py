@@ -240,6 +240,7 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -257,6 +258,7 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        tags: Sequence[str] | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -278,11 +280,16 @@ class QueueExtension:
             ``lambda account_id, **_: account_id``.
         :param rate_limit: ``(starts, period)``: at most ``starts`` jobs (per key) start
             in each fixed window of ``period`` seconds (or a timedelta).
+        :param tags: tags every job of the task gets; ``.using(tags=...)`` adds to them
+            (docs/tags.md).
         :raises DuplicateTask: the name is taken.
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
         """
         check_options(queue=queue, priority=priority, max_attempts=max_attempts)
+        defaults = EnqueueOptions(
+            queue=queue, priority=priority, max_attempts=max_attempts, tags=tags
+        )
         check_timeout(timeout)
         if not isinstance(isolate, bool):
             raise TypeError(f"isolate must be True or False, got {isolate!r}.")
@@ -295,7 +302,7 @@ class QueueExtension:
             task: Task[P, R] = Task(
                 function,
                 name=task_name,
-                options=EnqueueOptions(queue=queue, priority=priority, max_attempts=max_attempts),
+                options=defaults,
                 backoff=backoff,
                 producer=self._produce,
                 timeout=timeout,
@@ -389,6 +396,8 @@ class QueueExtension:
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        tags: Sequence[str] | None = None,
+        meta: Mapping[str, Any] | None = None,
         unregistered: bool = False,
         encoded: bool = False,
     ) -> Job:
@@ -420,6 +429,8 @@ class QueueExtension:
             idempotency_key=idempotency_key,
             session=session,
             depends_on=depends_on,
+            tags=tags,
+            meta=meta,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,
@@ -447,6 +458,8 @@ class QueueExtension:
         max_attempts: int | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        tags: Sequence[str] | None = None,
+        meta: Mapping[str, Any] | None = None,
         unregistered: bool = False,
         encoded: bool = False,
     ) -> list[Job]:
@@ -456,6 +469,8 @@ class QueueExtension:
         :param calls: each a :class:`~flask_sqlqueue.core.enqueue.Call` or an
             ``(args, kwargs)`` tuple; idempotency keys go on each ``Call``.
         :param depends_on: as for :meth:`enqueue`, for every job of the batch.
+        :param tags: as for :meth:`enqueue`, for every job of the batch.
+        :param meta: as for :meth:`enqueue`, for every job of the batch.
         :param unregistered: as for :meth:`enqueue`.
         :param encoded: as for :meth:`enqueue`.
         :raises UnknownTask: as :meth:`enqueue`; nothing is written.
@@ -468,6 +483,8 @@ class QueueExtension:
             max_attempts=max_attempts,
             session=session,
             depends_on=depends_on,
+            tags=tags,
+            meta=meta,
         )
         return self._produce(
             task, calls, options, many=True, unregistered=unregistered, encoded=encoded

@@ -154,12 +154,12 @@ def burst(app: Flask, **options: Any) -> None:
     run_burst(queue.worker(WorkerOptions(**options), app))
 
 
-def run_doc_example(tmp_path: Path, name: str) -> list[str]:
-    """Run the example of docs/workflows.md that starts ``# name`` as a script in
+def run_doc_example(tmp_path: Path, name: str, doc: str = "workflows.md") -> list[str]:
+    """Run the example of docs/``doc`` that starts ``# name`` as a script in
     ``tmp_path``; the lines it printed."""
-    page = (Path(__file__).parent.parent / "docs" / "workflows.md").read_text()
+    page = (Path(__file__).parent.parent / "docs" / doc).read_text()
     found = re.search(rf"```python\n(# {re.escape(name)}.*?)```", page, re.DOTALL)
-    assert found, f"docs/workflows.md has lost its {name} example"
+    assert found, f"docs/{doc} has lost its {name} example"
     (tmp_path / name).write_text(found.group(1))
     done = subprocess.run(
         [sys.executable, name],

@@ -39,6 +39,7 @@ from ..core import retention
 from ..core.audit import Audit
 from ..core.models import JobStatus
 from ..core.retries import retry_plan
+from ..core.tags import check_tag
 from ..core.tasks import task_timeouts
 from ..exceptions import SQLQueueError
 from ..exceptions import UnknownSchedule
@@ -118,17 +119,25 @@ class Filters:
     queue: str = ""
     task: str = ""
     q: str = ""
+    tag: str = ""
 
     @classmethod
     def parse(cls, values: Any) -> Filters:
         status = values.get("status", "").strip()
         if status and status not in STATUSES:
             raise BadRequest(f"Unknown status {status!r}; use one of {', '.join(STATUSES)}.")
+        tag = values.get("tag", "").strip()
+        if tag:
+            try:
+                check_tag(tag)
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
         return cls(
             status=status,
             queue=values.get("queue", "").strip(),
             task=values.get("task", "").strip(),
             q=values.get("q", "").strip(),
+            tag=tag,
         )
 
     def query(self, **override: str) -> queries.JobFilter:
@@ -138,6 +147,7 @@ class Filters:
             queue=values.get("queue") or None,
             task=values.get("task") or None,
             text=values.get("q") or None,
+            tag=values.get("tag") or None,
         )
 
     def args(self) -> dict[str, Any]:
@@ -149,6 +159,7 @@ class Filters:
                 ("queue", self.queue),
                 ("task", self.task),
                 ("q", self.q),
+                ("tag", self.tag),
             )
             if v
         }
@@ -603,6 +614,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             queue=filters.queue or None,
             task=filters.task or None,
             text=filters.q or None,
+            tag=filters.tag or None,
             audit=acting(),
         )
         flash(f"{n} dead job{'s' if n != 1 else ''} replayed with fresh attempts.", "success")

@@ -15,6 +15,7 @@ import click
 from ..core import lifecycle
 from ..core import operations
 from ..core.audit import Audit
+from ..core.tags import check_tag
 from .base import JOB_ID
 from .base import app_state
 from .base import clean_errors
@@ -36,6 +37,7 @@ def _audit() -> Audit:
 @click.option("--dead", is_flag=True, help="Replay every dead job (narrow with --queue/--task).")
 @click.option("--queue", help="With --dead: only this queue.")
 @click.option("--task", help="With --dead: only this task.")
+@click.option("--tag", help="With --dead: only jobs with this tag.")
 @click.option("--args", "args_json", help="With one id: replay with these args (JSON array).")
 @click.option("--kwargs", "kwargs_json", help="With one id: replay with these kwargs (JSON).")
 @click.option("--to-queue", help="With one id: replay in this queue.")
@@ -50,6 +52,7 @@ def retry_command(
     kwargs_json: str | None,
     to_queue: str | None,
     priority: int | None,
+    tag: str | None,
 ) -> None:
     """Replay dead (or cancelled) jobs with fresh attempts.
 
@@ -68,13 +71,17 @@ def retry_command(
         raise click.UsageError("Give job ids or --dead, not both and not neither.")
     if (queue or task) and not dead:
         raise click.UsageError("--queue and --task go with --dead.")
+    if tag and not dead:
+        raise click.UsageError("--tag goes with --dead.")
+    if tag is not None:
+        check_tag(tag, "--tag")
     edits = (args_json, kwargs_json, to_queue, priority)
     if any(edit is not None for edit in edits) and len(job_ids) != 1:
         raise click.UsageError("--args, --kwargs, --to-queue and --priority go with one job id.")
     state = app_state()
     store = state.store
     if dead:
-        n = operations.retry_dead(store, queue=queue, task=task, audit=_audit())
+        n = operations.retry_dead(store, queue=queue, task=task, tag=tag, audit=_audit())
     elif any(edit is not None for edit in edits):
         job = operations.replay_edited(
             store,
@@ -284,6 +291,8 @@ def _pause_or_resume(names: tuple[str, ...], every: bool, *, paused: bool) -> No
 @click.option("--priority", type=int, help="Higher runs first.")
 @click.option("--delay", type=click.FloatRange(0), help="Seconds from now.")
 @click.option("--idempotency-key", help="At most one job per key.")
+@click.option("--tag", "tags", multiple=True, help="A tag for the job (repeat for more).")
+@click.option("--meta", "meta_json", help="JSON object of metadata for the job.")
 @clean_errors
 def enqueue_command(
     task: str,
@@ -293,8 +302,10 @@ def enqueue_command(
     priority: int | None,
     delay: float | None,
     idempotency_key: str | None,
+    tags: tuple[str, ...],
+    meta_json: str | None,
 ) -> None:
-    """Enqueue a registered task with JSON arguments.
+    """Enqueue a registered task with JSON arguments (and tags and metadata, if given).
 
     The arguments must fit the task's signature, and are checked as any enqueue checks
     them; nothing is written if they do not. Typed parameters take their stored JSON
@@ -304,16 +315,19 @@ def enqueue_command(
     \b
     Example:
       flask queue enqueue example_app.tasks.build_report --args '[7]' --kwargs '{"fmt": "csv"}'
+      flask queue enqueue example_app.tasks.build_report --args '[7]' --tag customer:7 \\
+          --meta '{"requested_by": "ops"}'
     """
     args = _json_arg("--args", args_json, list, "array")
     kwargs = _json_arg("--kwargs", kwargs_json, dict, "object")
+    meta = None if meta_json is None else _json_arg("--meta", meta_json, dict, "object")
     state = app_state()
     if task not in state.registry:  # listing the names: the CLI has no opt-out
         known = ", ".join(sorted(state.registry)) or "none"
         raise click.ClickException(f"No task {task!r} is registered in this app (known: {known}).")
     job = state.queue.enqueue(
         task, args, kwargs, queue=queue, priority=priority, delay=delay,
-        idempotency_key=idempotency_key, encoded=True,
+        idempotency_key=idempotency_key, tags=tags or None, meta=meta, encoded=True,
     )  # fmt: skip
     click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
 

@@ -22,6 +22,7 @@ from ..core.models import JobStatus
 from ..core.queues import paused_queues
 from ..core.retries import PlannedAttempt
 from ..core.retries import retry_plan
+from ..core.tags import check_tag
 from ..core.tasks import task_timeouts
 from ..extension import QueueState
 from .base import JOB_ID
@@ -166,6 +167,7 @@ def _echo_schedules(state: QueueState, now: datetime) -> None:
 @click.option("--status", type=click.Choice(STATUSES), help="Only jobs in this status.")
 @click.option("--queue", help="Only jobs in this queue.")
 @click.option("--task", help="Only jobs of this task.")
+@click.option("--tag", help="Only jobs with this tag (exactly).")
 @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--before", "before_id", type=JOB_ID, help="Page: jobs older than this id.")
 @click.option(
@@ -178,6 +180,7 @@ def list_command(
     status: str | None,
     queue: str | None,
     task: str | None,
+    tag: str | None,
     limit: int,
     before_id: int | None,
     quarantined: bool,
@@ -188,8 +191,11 @@ def list_command(
     Example:
       flask queue list --status dead --queue mail
       flask queue list --before 1200     # the next page
+      flask queue list --tag customer:42
       flask queue list --quarantined     # jobs that kept killing their worker
     """
+    if tag is not None:
+        check_tag(tag, "--tag")
     state = app_state()
     budget = state.settings.max_crashes
     with state.store.read() as conn:
@@ -199,6 +205,7 @@ def list_command(
             status=status,
             queue=queue,
             task=task,
+            tag=tag,
             before_id=before_id,
             limit=limit + 1,
             quarantined_at=budget if quarantined else None,
@@ -219,11 +226,12 @@ def list_command(
         ]
         for job in jobs
     ]
-    click.echo(
-        format_table(
-            ["id", "queue", "task", "status", "attempts", "run_at (UTC)", "last error"], rows
-        )
-    )
+    headers = ["id", "queue", "task", "status", "attempts", "run_at (UTC)", "last error"]
+    if any(job.tags for job in jobs):  # a page without tags looks as it always did
+        headers.append("tags")
+        for row, job in zip(rows, jobs, strict=True):
+            row.append(",".join(job.tags))
+    click.echo(format_table(headers, rows))
     if more:
         click.echo(f"(more: --before {jobs[-1].id})")
 
@@ -290,6 +298,7 @@ def show_command(job_id: int) -> None:
         ("crashes", f"{job.crashes}/{state.settings.max_crashes}"),
         ("priority", job.priority),
         ("idempotency key", job.idempotency_key or "-"),
+        ("tags", ", ".join(job.tags) or "-"),
         ("run at", format_time(job.run_at)),
         ("created", format_time(job.created_at)),
         ("updated", format_time(job.updated_at)),
@@ -317,6 +326,9 @@ def show_command(job_id: int) -> None:
     click.echo(indent(json.dumps(job.kwargs, indent=2, ensure_ascii=False)))
     if job.payload_error:
         click.echo(f"  ({job.payload_error})")
+    if job.meta:
+        click.echo("meta:")
+        click.echo(indent(json.dumps(job.meta, indent=2, ensure_ascii=False)))
     click.echo("result:")
     click.echo(indent(json.dumps(job.result, indent=2, ensure_ascii=False)))
     _echo_edges(edges)

@@ -26,6 +26,7 @@ from . import dependencies
 from . import lifecycle
 from .lifecycle import holds_claim
 from .options import check_key
+from .tags import labels
 
 if TYPE_CHECKING:
     from .store import Store
@@ -57,6 +58,8 @@ class _Live:
     closed: bool = False
     #: The results of the job's dependencies, once read (they no longer change).
     dependency_results: Mapping[int, Any] | None = None
+    #: The job's tags and metadata, once read (they never change).
+    labels: tuple[tuple[str, ...], Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +154,32 @@ class JobContext:
                 found = MappingProxyType(dependencies.results(conn, self.id))
             with live.lock:
                 live.dependency_results = found
+        return found
+
+    # -- tags and metadata ------------------------------------------------------------------
+
+    @property
+    def tags(self) -> list[str]:
+        """The job's tags (docs/tags.md): its task's, then those given at enqueue. Read
+        from the database the first time tags or metadata are asked for, then kept."""
+        return list(self._labels()[0])
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The metadata given at enqueue (docs/tags.md), read-only; empty for none. Read
+        as :attr:`tags` is, so a task that never asks costs no read."""
+        return self._labels()[1]
+
+    def _labels(self) -> tuple[tuple[str, ...], Mapping[str, Any]]:
+        live = self._live
+        with live.lock:
+            found = live.labels
+        if found is None:
+            with self.store.read() as conn:
+                tags, meta = labels(conn, self.id)
+            found = (tuple(tags), MappingProxyType(meta))
+            with live.lock:
+                live.labels = found
         return found
 
     # -- cancellation -----------------------------------------------------------------------
@@ -329,6 +358,16 @@ class _CurrentJob:
     def dependency_results(self) -> Mapping[int, Any]:
         """The result of each job this one depends on, by job id (read once, lazily)."""
         return get_current().dependency_results
+
+    @property
+    def tags(self) -> list[str]:
+        """The job's tags (read once, lazily)."""
+        return get_current().tags
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The job's metadata, read-only (read once, lazily)."""
+        return get_current().meta
 
     @property
     def cancel_requested(self) -> bool:

@@ -18,6 +18,8 @@ from ..bounds import positive_seconds
 from .models import JobStatus
 from .payload import decode_payload
 from .payload import decode_value
+from .tags import read_meta
+from .tags import read_tags
 
 
 @dataclass(eq=False)
@@ -60,6 +62,10 @@ class Job:
     payload_error: str | None = None
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
+    #: Its tags (docs/tags.md): its task's, then those given at enqueue.
+    tags: list[str] = field(default_factory=list)
+    #: The metadata given at enqueue (docs/tags.md); empty for none.
+    meta: dict[str, Any] = field(default_factory=dict)
     _source: JobSource | None = field(default=None, repr=False)
 
     @property
@@ -92,6 +98,8 @@ class Job:
             finished_at=values.get("finished_at"),
             last_error=values.get("last_error"),
             batch_id=values.get("batch_id"),
+            tags=read_tags(values.get("tags")),
+            meta=read_meta(values.get("meta")),
             _source=source,
         )
 
@@ -134,6 +142,8 @@ class Job:
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
             batch_id=getattr(row, "batch_id", None),
+            tags=read_tags(getattr(row, "tags", None)),
+            meta=read_meta(getattr(row, "meta", None)),
             _source=source,
         )
 

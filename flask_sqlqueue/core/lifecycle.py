@@ -26,6 +26,7 @@ from sqlalchemy.engine import Connection
 from ..config import default
 from ..exceptions import SQLQueueError
 from . import dependencies
+from . import tags
 from .dialects import DialectOps
 from .dialects.base import COMPLETE_ONE
 from .dialects.base import complete_one_params
@@ -578,6 +579,7 @@ def purge(conn: Connection, status: str, before: datetime) -> int:
     ).rowcount
     if purged:
         dependencies.forget(conn)
+        tags.forget(conn)
     return purged
 
 
@@ -593,6 +595,7 @@ def delete(conn: Connection, ids: Sequence[int], now: datetime | None = None) ->
         sa.delete(jobs).where(jobs.c.id.in_(ids), jobs.c.status != RUNNING)
     ).rowcount
     dependencies.forget(conn, ids)
+    tags.forget(conn, ids)
     return deleted
 
 

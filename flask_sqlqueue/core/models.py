@@ -32,6 +32,7 @@ SCHEDULES_TABLE = "sqlqueue_schedules"
 DEPENDENCIES_TABLE = "sqlqueue_job_dependencies"
 BATCHES_TABLE = "sqlqueue_batches"
 AUDIT_TABLE = "sqlqueue_audit_log"
+TAGS_TABLE = "sqlqueue_job_tags"
 VERSION_TABLE = "sqlqueue_alembic_version"
 
 metadata = sa.MetaData(
@@ -198,6 +199,10 @@ jobs = sa.Table(
     # The batch the job is a member or a callback of (core/batches.py); written at
     # enqueue only, so finishing a job never reads it.
     _column("batch_id", sa.BigInteger, null=True),
+    # The job's tags as a JSON list, and its metadata as a JSON object (core/tags.py);
+    # None for none. Read with the job; filtering goes through sqlqueue_job_tags.
+    _column("tags", sa.Text, null=True),
+    _column("meta", sa.Text, null=True),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
@@ -241,6 +246,18 @@ dependencies = sa.Table(
     # have completed), "finished" (to have ended, whatever the outcome) or "failed" (to
     # have ended, and one of the dependent's "failed" dependencies not to have completed).
     _column("require", sa.String(16), server_default="completed"),
+)
+
+#: One tag of one job (core/tags.py): the index the job lists filter by tag through,
+#: written with a tagged job only (a job without tags adds no row), deleted with it. The
+#: job's row keeps its tags too (``sqlqueue_jobs.tags``), so reading a job never joins.
+job_tags = sa.Table(
+    TAGS_TABLE,
+    metadata,
+    _column("job_id", sa.BigInteger, primary_key=True),
+    _column("tag", ExactString(64), primary_key=True),
+    # A tag's jobs newest first, for the lists; the key serves deleting a job's tags.
+    sa.Index("ix_sqlqueue_job_tags_tag_job_id", "tag", "job_id"),
 )
 
 #: A batch of jobs with callbacks (core/batches.py): its members carry its id in

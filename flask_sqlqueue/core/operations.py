@@ -95,21 +95,23 @@ def retry_dead(
     queue: str | None = None,
     task: str | None = None,
     text: str | None = None,
+    tag: str | None = None,
     audit: Audit | None = None,
 ) -> int:
     """Replay every dead job (of ``queue``, of ``task``, matching ``text`` as the
-    admin's search does, each if given) with fresh attempts; wakes the workers.
+    admin's search does, tagged ``tag``, each if given) with fresh attempts; wakes the
+    workers.
 
     :returns: how many jobs were replayed.
     """
     now = store.now()
 
     def replay(conn: Connection) -> int:
-        if not text:
+        if not text and not tag:
             replayed = lifecycle.replay_dead(conn, now, queue, task)
         else:
             where = queries.JobFilter(
-                status=JobStatus.DEAD.value, queue=queue, task=task, text=text
+                status=JobStatus.DEAD.value, queue=queue, task=task, text=text, tag=tag
             )
             ids = queries.job_ids(conn, where)
             replayed = sum(
@@ -117,7 +119,7 @@ def retry_dead(
             )
         if audit is not None:
             # One entry for the selection, not one per job: it may be thousands.
-            chosen = {"queue": queue, "task": task, "text": text}
+            chosen = {"queue": queue, "task": task, "text": text, "tag": tag}
             detail = {k: v for k, v in chosen.items() if v} | {"replayed": replayed}
             audit.record(conn, now, "retry_dead", detail=detail)
         return replayed

@@ -30,6 +30,7 @@ from ..bounds import EARLIEST_RUN_AT
 from ..bounds import LATEST_RUN_AT
 from ..bounds import RUN_AT_RANGE
 from ..bounds import longest_delay
+from . import tags as _tags
 from .jobs import Job
 from .models import JobStatus
 
@@ -62,6 +63,12 @@ class EnqueueOptions:
     require: str | None = None
     #: The batch the job belongs to (core/batches.py); set by batches only.
     batch_id: int | None = None
+    #: Short labels to filter jobs by (core/tags.py); kept as distinct tags in their
+    #: order, ``None`` for none. A task's tags and a call's add up.
+    tags: Sequence[str] | None = None
+    #: A small dict of JSON values the job carries, for its task and for people
+    #: (core/tags.py); ``None`` for none.
+    meta: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -88,6 +95,10 @@ class EnqueueOptions:
             _check_session(self.session)
         if self.depends_on is not None:
             object.__setattr__(self, "depends_on", check_depends_on(self.depends_on))
+        if self.tags is not None:
+            object.__setattr__(self, "tags", _tags.check_tags(self.tags))
+        if self.meta is not None:
+            object.__setattr__(self, "meta", _tags.check_meta(self.meta))
 
     @property
     def dependency_ids(self) -> tuple[int, ...]:
@@ -106,6 +117,10 @@ class EnqueueOptions:
             values["run_at"] = None
         if other.run_at is not None:
             values["delay"] = None
+        # Tags add up: the task's, then the call's.
+        values["tags"] = _tags.merge_tags(
+            cast("tuple[str, ...] | None", self.tags), cast("tuple[str, ...] | None", other.tags)
+        )
         return EnqueueOptions(**values)
 
 
@@ -242,8 +257,11 @@ def job_values(
     # A batch's id only where there is one: the row of a job in no batch is the same as
     # before batches (and the same statement, cached once).
     batch = {} if options.batch_id is None else {"batch_id": options.batch_id}
+    # The same for tags and metadata: a job without them writes no more than before.
+    labels = _tags.row_values(cast("tuple[str, ...] | None", options.tags), options.meta)
     return {
         **batch,
+        **labels,
         "queue": options.queue or "default",
         "task": task,
         "payload": payload,

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from . import tags as _tags
 from .charts import Activity as Activity
 from .charts import activity as activity
 from .charts import task_metrics as task_metrics
@@ -27,6 +28,7 @@ from .distinct import MAX_DISTINCT as MAX_DISTINCT
 from .distinct import distinct_values as distinct_values
 from .models import JobStatus
 from .models import effects
+from .models import job_tags
 from .models import jobs
 from .models import workers
 
@@ -191,6 +193,7 @@ def list_jobs(
     status: str | None = None,
     queue: str | None = None,
     task: str | None = None,
+    tag: str | None = None,
     before_id: int | None = None,
     limit: int = 50,
     quarantined_at: int | None = None,
@@ -198,6 +201,7 @@ def list_jobs(
     """Jobs newest first, as a list shows them (:class:`JobSummary`: no payload, result
     or history is read); pass the last id seen as ``before_id`` for the next page.
 
+    :param tag: only jobs with exactly this tag (docs/tags.md).
     :param quarantined_at: only quarantined jobs: dead, with at least this many crashes
         (the crash budget, ``SQLQUEUE_MAX_CRASHES``).
     """
@@ -211,6 +215,8 @@ def list_jobs(
         query = query.where(jobs.c.queue == queue)
     if task is not None:
         query = query.where(jobs.c.task == task)
+    if tag is not None:
+        query = query.where(_tags.tagged(tag))
     if before_id is not None:
         query = query.where(jobs.c.id < before_id)
     rows = conn.execute(query.order_by(jobs.c.id.desc()).limit(limit)).all()
@@ -298,9 +304,11 @@ class JobFilter:
     #: with it, case-sensitive), or by a substring of its last error ignoring case,
     #: among jobs in :data:`ERROR_STATUSES`. Each through an index.
     text: str | None = None
+    #: Jobs with exactly this tag (docs/tags.md), through the tags' index.
+    tag: str | None = None
 
     def plain(self) -> list[Any]:
-        """The status, queue and task conditions."""
+        """The status, queue, task and tag conditions."""
         clauses: list[Any] = []
         if self.status:
             clauses.append(jobs.c.status == self.status)
@@ -308,6 +316,8 @@ class JobFilter:
             clauses.append(jobs.c.queue == self.queue)
         if self.task:
             clauses.append(jobs.c.task == self.task)
+        if self.tag:
+            clauses.append(_tags.tagged(self.tag))
         return clauses
 
     def arms(self) -> list[Any]:
@@ -373,6 +383,13 @@ class JobSummary:
     progress_message: str | None
     #: The first :data:`PREVIEW_CHARS` characters.
     last_error: str | None
+    #: Its tags (read as the row's JSON text, given as a list).
+    tags: list[str]
+
+    def __post_init__(self) -> None:
+        raw: Any = self.tags
+        object.__setattr__(self, "tags", _tags.read_tags(raw))
+
     #: Attempts lost to crashes of their worker (the crash budget).
     rescues: int = 0
 
@@ -414,6 +431,8 @@ def search_jobs(
 
     if not where.text and not where.plain():
         rows = page()
+    elif where.tag and not where.text:
+        rows = _tagged_page(conn, where, before_id, limit)
     elif not where.text:
         # Newest first along the primary key finds a common status, queue or task at
         # once, but walks every job for one that is rare (SQLite keeps no per-value
@@ -436,6 +455,25 @@ def search_jobs(
             found.update((row.id, row) for row in page(error, order=jobs.c.id + 0))
         rows = [found[i] for i in sorted(found, reverse=True)[:limit]]
     return [JobSummary(**row._mapping) for row in rows]
+
+
+def _tagged_page(
+    conn: Connection, where: JobFilter, before_id: int | None, limit: int
+) -> list[Any]:
+    """A page of tagged jobs: the tag's jobs newest first, walked along the tags' index
+    (tag, job id), whether the tag has few jobs or most of them."""
+    assert where.tag
+    query = (
+        sa.select(*_SUMMARY_COLUMNS)
+        .join_from(jobs, job_tags, job_tags.c.job_id == jobs.c.id)
+        .where(
+            job_tags.c.tag == where.tag,
+            *JobFilter(status=where.status, queue=where.queue, task=where.task).plain(),
+        )
+    )
+    if before_id is not None:
+        query = query.where(job_tags.c.job_id < before_id)
+    return list(conn.execute(query.order_by(job_tags.c.job_id.desc()).limit(limit)).all())
 
 
 #: Jobs the filtered list walks newest first before it turns to the filter's index.

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from ..config import Settings
 from . import dependencies
+from . import tags
 from .models import JobStatus
 from .models import effects
 from .models import jobs
@@ -68,8 +69,8 @@ class Pruned:
 
 
 def prune_jobs_batch(conn: Connection, status: str, before: datetime, limit: int) -> int:
-    """Delete up to ``limit`` jobs of ``status`` that finished before ``before``, and
-    what they waited for (a dependent still waiting counts a pruned dependency
+    """Delete up to ``limit`` jobs of ``status`` that finished before ``before``, their
+    tags, and what they waited for (a dependent still waiting counts a pruned dependency
     completed: core/dependencies.py)."""
     old = sa.and_(jobs.c.status == status, jobs.c.finished_at < before)
     ids = list(conn.execute(sa.select(jobs.c.id).where(old).limit(limit)).scalars())
@@ -77,6 +78,7 @@ def prune_jobs_batch(conn: Connection, status: str, before: datetime, limit: int
         return 0
     deleted = int(conn.execute(sa.delete(jobs).where(jobs.c.id.in_(ids), old)).rowcount)
     dependencies.forget(conn, ids)
+    tags.forget(conn, ids)
     return deleted
 
 

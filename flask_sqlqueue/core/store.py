@@ -22,6 +22,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from typing import Any
 from typing import TypeVar
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -35,6 +36,7 @@ from ..exceptions import QueueUnavailable
 from . import dependencies
 from . import lifecycle
 from . import signals
+from . import tags
 from . import wakeup
 from .dialects import DialectOps
 from .dialects import check_scheme
@@ -206,17 +208,21 @@ class Store:
             now=self.now(),
         )
         depends_on = options.dependency_ids
+        labels = cast("tuple[str, ...] | None", options.tags)
 
         def insert(conn: Connection) -> Job:
             if not depends_on:
-                return self._insert(conn, values)
-            start = dependencies.prepare(
-                conn, depends_on, require=options.require, batch_id=options.batch_id
-            )
-            row = {**values, **start.values(values["created_at"])}
-            job = self._insert(conn, row, notify=start.status == dependencies.PENDING)
-            if job.created_at is row["created_at"]:  # new, not a job holding the key
-                dependencies.link(conn, [job.id], depends_on, require=options.require)
+                job = self._insert(conn, values)
+            else:
+                start = dependencies.prepare(
+                    conn, depends_on, require=options.require, batch_id=options.batch_id
+                )
+                row = {**values, **start.values(values["created_at"])}
+                job = self._insert(conn, row, notify=start.status == dependencies.PENDING)
+                if job.created_at is row["created_at"]:  # new, not a job holding the key
+                    dependencies.link(conn, [job.id], depends_on, require=options.require)
+            if labels and job.created_at is values["created_at"]:
+                tags.link(conn, [job.id], labels)
             return job
 
         job: Job = self._produce(options, insert, lambda job: self._announce(job, values))
@@ -247,19 +253,25 @@ class Store:
             for payload, key, limit_key in calls
         ]
         depends_on = options.dependency_ids
+        labels = cast("tuple[str, ...] | None", options.tags)
 
         def insert(conn: Connection) -> list[Job]:
             if not depends_on:
-                return self._insert_many(conn, rows)
-            # Every job of the batch has the same dependencies, so the same start.
-            start = dependencies.prepare(
-                conn, depends_on, require=options.require, batch_id=options.batch_id
-            ).values(values["created_at"])
-            for row in rows:
-                row.update(start)
-            made = self._insert_many(conn, rows, notify=start["status"] == dependencies.PENDING)
-            new = [job.id for job in made if job.created_at is values["created_at"]]
-            dependencies.link(conn, new, depends_on, require=options.require)
+                made = self._insert_many(conn, rows)
+            else:
+                # Every job of the batch has the same dependencies, so the same start.
+                start = dependencies.prepare(
+                    conn, depends_on, require=options.require, batch_id=options.batch_id
+                ).values(values["created_at"])
+                for row in rows:
+                    row.update(start)
+                made = self._insert_many(conn, rows, notify=start["status"] == dependencies.PENDING)
+                new = [job.id for job in made if job.created_at is values["created_at"]]
+                dependencies.link(conn, new, depends_on, require=options.require)
+            if labels:
+                # A key repeated in the batch gives one job, tagged once.
+                fresh = dict.fromkeys(j.id for j in made if j.created_at is values["created_at"])
+                tags.link(conn, list(fresh), labels)
             return made
 
         def announce(made: list[Job]) -> None:

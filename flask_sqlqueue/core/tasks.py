@@ -167,6 +167,8 @@ class Task(Generic[P, R]):
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        tags: Sequence[str] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
@@ -180,9 +182,15 @@ class Task(Generic[P, R]):
             ``waiting`` and becomes ``pending`` once all have completed, or ends
             ``cancelled`` if one ends dead or cancelled (docs/workflows.md). Each must
             exist when the job is written (in ``session``'s transaction, if given).
+        :param tags: short labels to find the job by (``flask queue list --tag``, the
+            admin's tag filter), added to the task's own (docs/tags.md).
+        :param meta: a small dict of JSON values the job carries, read back as
+            ``job.meta`` and ``current_job.meta`` (docs/tags.md).
         :raises ValueError: an option is invalid, ``delay``/``run_at`` gives a time the
-            queue cannot store, or (at enqueue) ``depends_on`` names no job.
-        :raises TypeError: ``depends_on`` is not a list of jobs and ids.
+            queue cannot store, a tag is invalid or there are too many, ``meta`` is too
+            large or would not round-trip, or (at enqueue) ``depends_on`` names no job.
+        :raises TypeError: ``depends_on`` is not a list of jobs and ids, ``tags`` not a
+            list of strings, or ``meta`` not a dict of JSON values.
         """
         extra = EnqueueOptions(
             queue=queue,
@@ -193,6 +201,8 @@ class Task(Generic[P, R]):
             idempotency_key=idempotency_key,
             session=session,
             depends_on=depends_on,
+            tags=tags,
+            meta=meta,
         )
         return BoundTask(self, self.options.merged(extra))
 
@@ -222,6 +232,7 @@ class TaskOptions(TypedDict, total=False):
     concurrency: int | None
     concurrency_key: Callable[..., object] | None
     rate_limit: tuple[int, float | timedelta] | None
+    tags: Sequence[str] | None
 
 
 def check_timeout(timeout: object) -> None:
