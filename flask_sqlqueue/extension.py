@@ -205,6 +205,7 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        expires: float | timedelta | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -222,6 +223,7 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        expires: float | timedelta | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -243,12 +245,23 @@ class QueueExtension:
             ``lambda account_id, **_: account_id``.
         :param rate_limit: ``(starts, period)``: at most ``starts`` jobs (per key) start
             in each fixed window of ``period`` seconds (or a timedelta).
+        :param expires: seconds (or a timedelta) after each enqueue by which an attempt
+            must have started, or the job ends ``cancelled`` without running
+            (docs/expiry.md); ``.using(expires=...)`` overrides it per call.
         :raises DuplicateTask: the name is taken.
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
         """
         check_options(queue=queue, priority=priority, max_attempts=max_attempts)
         check_timeout(timeout)
+        if isinstance(expires, datetime):
+            raise TypeError(
+                "@queue.task(expires=...) is a span after each enqueue (seconds or a "
+                "timedelta); give a datetime per call with .using(expires=...)."
+            )
+        defaults = EnqueueOptions(
+            queue=queue, priority=priority, max_attempts=max_attempts, expires=expires
+        )
         if not isinstance(isolate, bool):
             raise TypeError(f"isolate must be True or False, got {isolate!r}.")
         limits = TaskLimits.declare(
@@ -260,7 +273,7 @@ class QueueExtension:
             task: Task[P, R] = Task(
                 function,
                 name=task_name,
-                options=EnqueueOptions(queue=queue, priority=priority, max_attempts=max_attempts),
+                options=defaults,
                 backoff=backoff,
                 producer=self._produce,
                 timeout=timeout,
@@ -354,6 +367,7 @@ class QueueExtension:
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        expires: float | timedelta | datetime | None = None,
         unregistered: bool = False,
         encoded: bool = False,
     ) -> Job:
@@ -385,6 +399,7 @@ class QueueExtension:
             idempotency_key=idempotency_key,
             session=session,
             depends_on=depends_on,
+            expires=expires,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,
@@ -412,6 +427,7 @@ class QueueExtension:
         max_attempts: int | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        expires: float | timedelta | datetime | None = None,
         unregistered: bool = False,
         encoded: bool = False,
     ) -> list[Job]:
@@ -433,6 +449,7 @@ class QueueExtension:
             max_attempts=max_attempts,
             session=session,
             depends_on=depends_on,
+            expires=expires,
         )
         return self._produce(
             task, calls, options, many=True, unregistered=unregistered, encoded=encoded

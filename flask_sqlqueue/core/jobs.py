@@ -58,6 +58,10 @@ class Job:
     payload_error: str | None = None
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
+    #: When it stops being worth starting: no attempt starts after it (docs/expiry.md).
+    expires_at: datetime | None = None
+    #: Times its task raised ``Snooze`` (attempts it gave back to run later).
+    snoozes: int = 0
     _source: JobSource | None = field(default=None, repr=False)
 
     @classmethod
@@ -85,6 +89,7 @@ class Job:
             finished_at=values.get("finished_at"),
             last_error=values.get("last_error"),
             batch_id=values.get("batch_id"),
+            expires_at=values.get("expires_at"),
             _source=source,
         )
 
@@ -127,6 +132,8 @@ class Job:
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
             batch_id=getattr(row, "batch_id", None),
+            expires_at=getattr(row, "expires_at", None),
+            snoozes=getattr(row, "snoozes", 0),
             _source=source,
         )
 
@@ -281,3 +288,9 @@ class ClaimedJob(Protocol):
     #: Fences every write that finishes this attempt.
     @property
     def claim_token(self) -> str: ...
+    #: No attempt starts after it: the worker ends the job instead (docs/expiry.md).
+    @property
+    def expires_at(self) -> datetime | None: ...
+    #: Times the task snoozed (``current_job.snoozes``).
+    @property
+    def snoozes(self) -> int: ...

@@ -194,6 +194,12 @@ jobs = sa.Table(
     # The batch the job is a member or a callback of (core/batches.py); written at
     # enqueue only, so finishing a job never reads it.
     _column("batch_id", sa.BigInteger, null=True),
+    # The job is not run if no attempt started by then (``using(expires=...)``): the
+    # worker that claims it later ends it ``cancelled`` (docs/expiry.md). Not indexed:
+    # the claim never filters on it.
+    _column("expires_at", UTCDateTime, null=True),
+    # Times the task asked to run later without spending an attempt (``Snooze``).
+    _column("snoozes", sa.Integer, default=0, server_default="0"),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),

@@ -167,6 +167,7 @@ class Task(Generic[P, R]):
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        expires: float | timedelta | datetime | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
@@ -180,8 +181,12 @@ class Task(Generic[P, R]):
             ``waiting`` and becomes ``pending`` once all have completed, or ends
             ``cancelled`` if one ends dead or cancelled (docs/workflows.md). Each must
             exist when the job is written (in ``session``'s transaction, if given).
-        :raises ValueError: an option is invalid, ``delay``/``run_at`` gives a time the
-            queue cannot store, or (at enqueue) ``depends_on`` names no job.
+        :param expires: seconds or a timedelta after the enqueue, or an aware datetime:
+            if no attempt has started by then, none will, and the job ends ``cancelled``
+            (docs/expiry.md). Must be after the job is due.
+        :raises ValueError: an option is invalid, ``delay``/``run_at``/``expires`` gives a
+            time the queue cannot store, ``expires`` is not after the job is due, or (at
+            enqueue) ``depends_on`` names no job.
         :raises TypeError: ``depends_on`` is not a list of jobs and ids.
         """
         extra = EnqueueOptions(
@@ -193,6 +198,7 @@ class Task(Generic[P, R]):
             idempotency_key=idempotency_key,
             session=session,
             depends_on=depends_on,
+            expires=expires,
         )
         return BoundTask(self, self.options.merged(extra))
 
@@ -222,6 +228,7 @@ class TaskOptions(TypedDict, total=False):
     concurrency: int | None
     concurrency_key: Callable[..., object] | None
     rate_limit: tuple[int, float | timedelta] | None
+    expires: float | timedelta | None
 
 
 def check_timeout(timeout: object) -> None:
