@@ -415,6 +415,8 @@ def _jobs(database_uri: str) -> list[dict[str, Any]]:
     for row in rows:
         row.pop("has_dependents", None)
         row.pop("batch_id", None)
+        row.pop("expires_at", None)
+        row.pop("snoozes", None)
     return rows
 
 

@@ -199,7 +199,8 @@ jobs = sa.Table(
     # the claim never filters on it.
     _column("expires_at", UTCDateTime, null=True),
     # Times the task asked to run later without spending an attempt (``Snooze``).
-    _column("snoozes", sa.Integer, default=0, server_default="0"),
+    # Server default only: an enqueue's INSERT names no more columns than before.
+    _column("snoozes", sa.Integer, server_default="0"),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),

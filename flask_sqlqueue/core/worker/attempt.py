@@ -155,7 +155,7 @@ class Runner:
         clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._store = store
-        self._clock = clock or store.now
+        self._clock = clock
         self._registry = registry
         self._options = options
         self._job_context = job_context
@@ -170,7 +170,7 @@ class Runner:
         job = attempt.job
         # Checked as the attempt starts, not at the claim: a job claimed ahead may wait.
         expires_at = job.expires_at
-        if expires_at is not None and self._clock() >= expires_at:
+        if expires_at is not None and (self._clock or self._store.now)() >= expires_at:
             return Expired(expires_at)
         task = self._registry.get(job.task)
         try:
