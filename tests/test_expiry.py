@@ -328,3 +328,35 @@ def test_a_task_default_expiry_is_checked_when_the_task_is_declared() -> None:
         queue.task(expires=-5)
     with pytest.raises(TypeError, match="span after each enqueue"):
         queue.task(expires=datetime.now(UTC))
+
+
+# -- where it shows --------------------------------------------------------------------------
+
+
+def test_show_and_the_admin_job_page_show_the_expiry_and_the_snoozes(
+    eapp: Flask, tmp_path: Path
+) -> None:
+    at = datetime(2100, 1, 2, 3, 4, 5, tzinfo=UTC)
+    with eapp.app_context():
+        job = tasks.scripted.using(expires=at).enqueue(str(tmp_path / "runs"), ["snooze-hour"])
+        plain = tasks.leave_mark.using(delay=3600).enqueue("x")
+    burst(eapp)
+    assert job.refresh().snoozes == 1
+
+    shown = eapp.test_cli_runner().invoke(args=["queue", "show", str(job.id)])
+    assert shown.exit_code == 0, shown.output
+    assert "expires          2100-01-02 03:04:05" in shown.output
+    assert "snoozes          1" in shown.output
+    other = eapp.test_cli_runner().invoke(args=["queue", "show", str(plain.id)])
+    assert "expires          -" in other.output and "snoozes          0" in other.output
+
+    eapp.secret_key = "test"
+    eapp.register_blueprint(
+        tasks.queue.admin_blueprint(authorize=lambda: True), url_prefix="/queue"
+    )
+    client = eapp.test_client()
+    page = client.get(f"/queue/jobs/{job.id}").get_data(as_text=True)
+    assert 'id="sqlqueue-expires"' in page and "2100-01-02" in page
+    assert 'id="sqlqueue-snoozes">1 ' in page
+    page = client.get(f"/queue/jobs/{plain.id}").get_data(as_text=True)
+    assert 'id="sqlqueue-expires"' not in page and 'id="sqlqueue-snoozes"' not in page
