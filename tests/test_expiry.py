@@ -141,8 +141,12 @@ def test_a_process_worker_snoozes_jobs_in_its_children(
     with eapp.app_context():
         job = tasks.scripted.using(max_attempts=1).enqueue(str(path), ["snooze", "ok"])
         async_job = tasks.async_scripted.enqueue(str(async_path), ["snooze", "snooze", "ok"])
+        expired = tasks.leave_mark.using(expires=0.2).enqueue(str(tmp_path / "mark"))
+    pass_expiry(eapp, expired.expires_at)
     worker = tasks.queue.worker(WorkerOptions(processes=1, grace=1.0), eapp, loader=AppLoader(APP))
     run_burst(worker, timeout=180)
+    assert expired.refresh().status is JobStatus.CANCELLED
+    assert not (tmp_path / "mark").exists()
     for found, snoozes in ((job, 1), (async_job, 2)):
         found.refresh()
         assert found.status is JobStatus.COMPLETED, found.last_error
@@ -215,6 +219,30 @@ def test_an_expired_job_never_runs_and_ends_cancelled(eapp: Flask, tmp_path: Pat
     assert (fresh.status, fresh.attempts) == (JobStatus.COMPLETED, 1)
 
 
+def test_the_callbacks_of_a_batch_with_an_expired_member_run_as_for_a_cancelled_one(
+    eapp: Flask, tmp_path: Path
+) -> None:
+    def mark(name: str) -> str:
+        return str(tmp_path / name)
+
+    with eapp.app_context():
+        made = tasks.queue.batch(
+            [
+                tasks.leave_mark.using(expires=0.2).step(mark("expired")),
+                tasks.leave_mark.step(mark("member")),
+            ],
+            on_success=tasks.leave_mark.step(mark("success")),
+            on_failure=tasks.leave_mark.step(mark("failure")),
+            on_complete=tasks.leave_mark.step(mark("complete")),
+        )
+        expired = made.jobs[0]
+    pass_expiry(eapp, expired.expires_at)
+    burst(eapp)
+    assert expired.refresh().status is JobStatus.CANCELLED
+    ran = sorted(p.name for p in tmp_path.iterdir())
+    assert ran == ["complete", "failure", "member"]  # on_success is cancelled
+
+
 def test_a_retry_due_after_the_expiry_is_not_run(eapp: Flask, tmp_path: Path) -> None:
     path = tmp_path / "runs"
     with eapp.app_context():
@@ -234,6 +262,7 @@ def test_a_retry_due_after_the_expiry_is_not_run(eapp: Flask, tmp_path: Path) ->
         f"Expired: expired at {past.isoformat(timespec='seconds')} before attempt 2 started"
     )
     assert job.attempts == 1  # the first attempt ran; the second never started
+    assert job.started_at is not None  # it did start once
     assert [line.split()[0] for line in runs(path)] == ["retry"]
 
 

@@ -332,21 +332,27 @@ def expired_reason(expires_at: datetime, attempt: int) -> str:
     return f"{EXPIRED_KIND}: expired at {expires_at.isoformat(timespec='seconds')} before {which}"
 
 
-def expire(conn: Connection, job_id: int, token: str, reason: str, now: datetime) -> bool:
+def expire(
+    conn: Connection, job_id: int, token: str, reason: str, now: datetime, *, first: bool
+) -> bool:
     """End a claimed job that expired before its attempt started: ``cancelled`` with
-    ``reason``, the attempt not counted (nor its start, for a first attempt), and its
-    waiting dependents settled as for a cancellation. ``False`` if the claim was lost."""
+    ``reason``, the attempt not counted (nor its start, if it was the ``first``: the job
+    never started), and its waiting dependents settled as for a cancellation. ``False``
+    if the claim was lost."""
+    # ``first`` is the caller's, not a CASE on attempts: MariaDB evaluates an UPDATE's
+    # assignments in order, so such a CASE would see attempts already decremented.
+    started = {"started_at": None} if first else {}
     done = conn.execute(
         sa.update(jobs)
         .where(_claimed(job_id, token))
         .values(
             status=CANCELLED,
             attempts=jobs.c.attempts - 1,
-            started_at=sa.case((jobs.c.attempts <= 1, None), else_=jobs.c.started_at),
             last_error=reason,
             finished_at=now,
             updated_at=now,
             claim_token=None,
+            **started,
         )
     )
     if done.rowcount != 1:

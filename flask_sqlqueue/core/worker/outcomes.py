@@ -515,7 +515,9 @@ class Outcomes:
         self._finish(
             _Write(
                 attempt,
-                lambda conn: lifecycle.expire(conn, job.id, job.claim_token, reason, now),
+                lambda conn: lifecycle.expire(
+                    conn, job.id, job.claim_token, reason, now, first=job.attempts <= 1
+                ),
                 recorded,
             )
         )
