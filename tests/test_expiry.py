@@ -222,8 +222,11 @@ def test_an_expired_job_never_runs_and_ends_cancelled(eapp: Flask, tmp_path: Pat
 def test_the_callbacks_of_a_batch_with_an_expired_member_run_as_for_a_cancelled_one(
     eapp: Flask, tmp_path: Path
 ) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
     def mark(name: str) -> str:
-        return str(tmp_path / name)
+        return str(marks / name)
 
     with eapp.app_context():
         made = tasks.queue.batch(
@@ -239,7 +242,7 @@ def test_the_callbacks_of_a_batch_with_an_expired_member_run_as_for_a_cancelled_
     pass_expiry(eapp, expired.expires_at)
     burst(eapp)
     assert expired.refresh().status is JobStatus.CANCELLED
-    ran = sorted(p.name for p in tmp_path.iterdir())
+    ran = sorted(p.name for p in marks.iterdir())
     assert ran == ["complete", "failure", "member"]  # on_success is cancelled
 
 
