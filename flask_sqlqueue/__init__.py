@@ -25,6 +25,7 @@ from .exceptions import QueueUnavailable as QueueUnavailable
 from .exceptions import ResultTooLarge as ResultTooLarge
 from .exceptions import Retry as Retry
 from .exceptions import SchemaError as SchemaError
+from .exceptions import Snooze as Snooze
 from .exceptions import SQLQueueError as SQLQueueError
 from .exceptions import UnknownQueue as UnknownQueue
 from .exceptions import UnknownSchedule as UnknownSchedule
@@ -54,6 +55,7 @@ __all__ = [
     "SQLQueue",
     "SQLQueueError",
     "SchemaError",
+    "Snooze",
     "Step",
     "Task",
     "UnknownQueue",

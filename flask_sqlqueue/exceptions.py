@@ -1,4 +1,4 @@
-"""The errors flask_sqlqueue raises, and the two that tasks raise to steer retries."""
+"""The errors flask_sqlqueue raises, and those that tasks raise to steer retries."""
 
 from __future__ import annotations
 
@@ -202,22 +202,51 @@ class Retry(Exception):
     """
 
     def __init__(self, delay: float | timedelta, reason: str = "") -> None:
-        try:
-            seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-        except OverflowError:  # an int too large for a float
-            seconds = math.inf
-        if not seconds >= 0:  # NaN too
-            raise ValueError(f"Retry delay must be zero or more seconds, got {delay!r}.")
-        if seconds > longest_delay(datetime.now(UTC)):
-            # Refused here, where the task sees it: the worker could not store the time.
-            raise ValueError(
-                f"Retry delay={delay!r} would make the next attempt due after "
-                f"{LATEST_RUN_AT:%Y-%m-%d} (UTC), the latest time the queue stores; retry "
-                "sooner, or raise PermanentFailure to stop retrying."
-            )
+        seconds = _later_seconds("Retry", delay)
         self.delay = seconds
         self.reason = reason
         super().__init__(reason or f"retry requested in {seconds:g}s")
+
+
+def _later_seconds(what: str, delay: float | timedelta) -> float:
+    """The delay of a ``Retry`` or ``Snooze`` in seconds, refused where the task raises
+    it if the worker could not store the time it gives."""
+    try:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    if not seconds >= 0:  # NaN too
+        raise ValueError(f"{what} delay must be zero or more seconds, got {delay!r}.")
+    if seconds > longest_delay(datetime.now(UTC)):
+        # Refused here, where the task sees it: the worker could not store the time.
+        raise ValueError(
+            f"{what} delay={delay!r} would make the next attempt due after "
+            f"{LATEST_RUN_AT:%Y-%m-%d} (UTC), the latest time the queue stores; "
+            f"{what.lower()} sooner, or raise PermanentFailure to stop retrying."
+        )
+    return seconds
+
+
+class Snooze(Exception):
+    """Raise inside a task to run it again after ``delay``, without spending an attempt.
+
+    For "come back later" (a rate-limited API, a resource not ready yet): the job goes
+    back to ``pending``, due ``delay`` from now; ``attempts`` is as it was before this
+    attempt, the backoff does not grow, ``last_error`` is left as it was, and the job's
+    ``snoozes`` count goes up by one (``current_job.snoozes`` reads it, to give up after
+    a while). A job whose cancellation was asked for ends ``cancelled`` instead.
+
+    :param delay: seconds, or a :class:`~datetime.timedelta`, before it runs again.
+    :param reason: written in the worker's log line.
+    :raises ValueError: ``delay`` is negative, not finite, or would make the job due
+        after :data:`~flask_sqlqueue.bounds.LATEST_RUN_AT`; raised where the task raises
+        ``Snooze``, so the attempt fails with it as with any other error.
+    """
+
+    def __init__(self, delay: float | timedelta, reason: str = "") -> None:
+        self.delay = _later_seconds("Snooze", delay)
+        self.reason = reason
+        super().__init__(reason or f"snoozed for {self.delay:g}s")
 
 
 class PermanentFailure(Exception):

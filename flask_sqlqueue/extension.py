@@ -241,6 +241,7 @@ class QueueExtension:
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
         tags: Sequence[str] | None = None,
+        expires: float | timedelta | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -259,6 +260,7 @@ class QueueExtension:
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
         tags: Sequence[str] | None = None,
+        expires: float | timedelta | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -282,15 +284,23 @@ class QueueExtension:
             in each fixed window of ``period`` seconds (or a timedelta).
         :param tags: tags every job of the task gets; ``.using(tags=...)`` adds to them
             (docs/tags.md).
+        :param expires: seconds (or a timedelta) after each enqueue by which an attempt
+            must have started, or the job ends ``cancelled`` without running
+            (docs/expiry.md); ``.using(expires=...)`` overrides it per call.
         :raises DuplicateTask: the name is taken.
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
         """
         check_options(queue=queue, priority=priority, max_attempts=max_attempts)
-        defaults = EnqueueOptions(
-            queue=queue, priority=priority, max_attempts=max_attempts, tags=tags
-        )
         check_timeout(timeout)
+        if isinstance(expires, datetime):
+            raise TypeError(
+                "@queue.task(expires=...) is a span after each enqueue (seconds or a "
+                "timedelta); give a datetime per call with .using(expires=...)."
+            )
+        defaults = EnqueueOptions(
+            queue=queue, priority=priority, max_attempts=max_attempts, tags=tags, expires=expires
+        )
         if not isinstance(isolate, bool):
             raise TypeError(f"isolate must be True or False, got {isolate!r}.")
         limits = TaskLimits.declare(
@@ -398,6 +408,7 @@ class QueueExtension:
         depends_on: Sequence[Job | int] | None = None,
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
+        expires: float | timedelta | datetime | None = None,
         unregistered: bool = False,
         encoded: bool = False,
     ) -> Job:
@@ -431,6 +442,7 @@ class QueueExtension:
             depends_on=depends_on,
             tags=tags,
             meta=meta,
+            expires=expires,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,
@@ -460,6 +472,7 @@ class QueueExtension:
         depends_on: Sequence[Job | int] | None = None,
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
+        expires: float | timedelta | datetime | None = None,
         unregistered: bool = False,
         encoded: bool = False,
     ) -> list[Job]:
@@ -485,6 +498,7 @@ class QueueExtension:
             depends_on=depends_on,
             tags=tags,
             meta=meta,
+            expires=expires,
         )
         return self._produce(
             task, calls, options, many=True, unregistered=unregistered, encoded=encoded

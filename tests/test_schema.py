@@ -419,6 +419,8 @@ def _jobs(database_uri: str) -> list[dict[str, Any]]:
         row.pop("batch_id", None)
         row.pop("tags", None)
         row.pop("meta", None)
+        row.pop("expires_at", None)
+        row.pop("snoozes", None)
     return rows
 
 

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from contextlib import nullcontext
 from datetime import UTC
 from datetime import datetime
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +23,7 @@ from flask_sqlqueue import current_job
 from flask_sqlqueue.core.isolation import AttemptFailed
 from flask_sqlqueue.core.worker import WorkerOptions
 from flask_sqlqueue.core.worker.attempt import Attempt
+from flask_sqlqueue.core.worker.attempt import Expired
 from flask_sqlqueue.core.worker.attempt import NotRun
 from flask_sqlqueue.core.worker.attempt import Raised
 from flask_sqlqueue.core.worker.attempt import Returned
@@ -43,6 +45,8 @@ def claimed(**fields: Any) -> Any:
         "priority": 0,
         "idempotency_key": None,
         "claim_token": "t0k",
+        "expires_at": None,
+        "snoozes": 0,
     }
     row.update(fields)
     return SimpleNamespace(**row)
@@ -87,6 +91,7 @@ def test_an_attempts_context_is_its_claim_as_the_worker_running_it_sees_it() -> 
     )
     assert (ctx.idempotency_key, ctx.claim_token, ctx.worker_id) == ("k", "t0k", "host:1:abc")
     assert ctx.store is store
+    assert Attempt(claimed(snoozes=4)).context(store, "w").snoozes == 4
 
 
 # -- slots -------------------------------------------------------------------------------------
@@ -232,6 +237,19 @@ def test_a_job_that_cannot_start_is_not_run(caplog: pytest.LogCaptureFixture) ->
     unknown = runner(tasks).run(Attempt(claimed(task="shop.gone")))
     assert unknown == NotRun("UnknownTask", "shop.gone", dead=False)
     assert ran == []
+
+
+def test_a_job_whose_expiry_passed_before_its_attempt_starts_is_not_run() -> None:
+    ran = []
+    tasks = {"shop.send": task(lambda *a, **k: ran.append(1))}
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    running = runner(tasks)
+    running._clock = lambda: now
+    assert running.run(Attempt(claimed(expires_at=now))) == Expired(now)
+    assert ran == []
+    later = now + timedelta(microseconds=1)  # not yet expired: it runs
+    assert isinstance(running.run(Attempt(claimed(expires_at=later))), Returned)
+    assert ran == [1]
 
 
 # -- recording ---------------------------------------------------------------------------------

@@ -75,6 +75,9 @@ class JobContext:
     worker_id: str
     claim_token: str
     store: Store
+    #: Times the job snoozed before this attempt (``raise Snooze(...)``): a task that
+    #: waits for something may give up after enough of them.
+    snoozes: int = 0
     _live: _Live = field(default_factory=_Live, repr=False, compare=False)
 
     def reserve_effect(self, key: str | None = None) -> bool:
@@ -343,6 +346,11 @@ class _CurrentJob:
     @property
     def max_attempts(self) -> int:
         return get_current().max_attempts
+
+    @property
+    def snoozes(self) -> int:
+        """Times the job snoozed before this attempt (``raise Snooze(...)``)."""
+        return get_current().snoozes
 
     @property
     def idempotency_key(self) -> str | None:

@@ -52,6 +52,7 @@ from ..exceptions import JobCancelled
 from ..exceptions import PayloadError
 from ..exceptions import PermanentFailure
 from ..exceptions import Retry
+from ..exceptions import Snooze
 from . import logcontext
 from .aio import run_to_end
 from .context import JobContext
@@ -123,6 +124,15 @@ class _RetryAttemptFailed(AttemptFailed, Retry):
         AttemptFailed.__init__(self, kind, message, text)
         self.delay = delay
         self.reason = message
+
+
+class _SnoozedInChild(AttemptFailed, Snooze):
+    """The task raised :class:`Snooze` in its child (its delay checked there)."""
+
+    def __init__(self, kind: str, message: str, text: str, delay: float) -> None:
+        AttemptFailed.__init__(self, kind, message, text)
+        self.delay = delay
+        self.reason = "" if message == f"snoozed for {delay:g}s" else message  # the default
 
 
 class _Unstorable:
@@ -449,6 +459,8 @@ def _outcome(outcome: tuple[Any, ...], job_id: int) -> Any:
         raise _PermanentAttemptFailed(error_kind, message, text)
     if mode == "retry":
         raise _RetryAttemptFailed(error_kind, message, text, delay)
+    if mode == "snooze":
+        raise _SnoozedInChild(error_kind, message, text, delay)
     raise AttemptFailed(error_kind, message, text)
 
 
@@ -574,6 +586,8 @@ def _failure(exc: BaseException) -> tuple[Any, ...]:
         mode = "permanent"
     elif isinstance(exc, Retry):
         mode, delay = "retry", exc.delay
+    elif isinstance(exc, Snooze):
+        mode, delay = "snooze", exc.delay
     else:
         mode = "error"
     return ("error", mode, kind, message, text, delay)

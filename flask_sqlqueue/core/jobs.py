@@ -66,6 +66,10 @@ class Job:
     tags: list[str] = field(default_factory=list)
     #: The metadata given at enqueue (docs/tags.md); empty for none.
     meta: dict[str, Any] = field(default_factory=dict)
+    #: When it stops being worth starting: no attempt starts after it (docs/expiry.md).
+    expires_at: datetime | None = None
+    #: Times its task raised ``Snooze`` (attempts it gave back to run later).
+    snoozes: int = 0
     _source: JobSource | None = field(default=None, repr=False)
 
     @property
@@ -100,6 +104,7 @@ class Job:
             batch_id=values.get("batch_id"),
             tags=read_tags(values.get("tags")),
             meta=read_meta(values.get("meta")),
+            expires_at=values.get("expires_at"),
             _source=source,
         )
 
@@ -144,6 +149,8 @@ class Job:
             batch_id=getattr(row, "batch_id", None),
             tags=read_tags(getattr(row, "tags", None)),
             meta=read_meta(getattr(row, "meta", None)),
+            expires_at=getattr(row, "expires_at", None),
+            snoozes=getattr(row, "snoozes", 0),
             _source=source,
         )
 
@@ -298,3 +305,9 @@ class ClaimedJob(Protocol):
     #: Fences every write that finishes this attempt.
     @property
     def claim_token(self) -> str: ...
+    #: No attempt starts after it: the worker ends the job instead (docs/expiry.md).
+    @property
+    def expires_at(self) -> datetime | None: ...
+    #: Times the task snoozed (``current_job.snoozes``).
+    @property
+    def snoozes(self) -> int: ...

@@ -291,6 +291,117 @@ def release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
     return True
 
 
+def snooze(
+    conn: Connection, job_id: int, token: str, run_at: datetime, now: datetime
+) -> str | None:
+    """Put a running attempt's job back to pending at ``run_at`` without counting the
+    attempt (its task raised ``Snooze``): ``attempts`` goes back by one, ``snoozes`` up
+    by one, ``last_error`` is left as it was. A job whose cancellation was asked for ends
+    ``cancelled`` instead, and so do its waiting dependents.
+
+    :returns: the job's new status; ``None`` if the claim was lost (nothing written).
+    """
+    row = conn.execute(
+        sa.select(jobs.c.cancel_requested_at, jobs.c.has_dependents).where(_claimed(job_id, token))
+    ).first()
+    if row is None:
+        return None
+    values: dict[str, Any] = {
+        "attempts": jobs.c.attempts - 1,
+        "snoozes": jobs.c.snoozes + 1,
+        "updated_at": now,
+        "claim_token": None,
+    }
+    if row.cancel_requested_at is not None:
+        values.update(status=CANCELLED, finished_at=now)
+    else:
+        values.update(status=PENDING, run_at=run_at)
+    if conn.execute(sa.update(jobs).where(_claimed(job_id, token)).values(values)).rowcount != 1:
+        return None
+    status = str(values["status"])
+    if status != PENDING and row.has_dependents:
+        dependencies.cancel_dependents(conn, {job_id: status}, now)
+    return status
+
+
+#: The error type in ``last_error`` of a job that expired before an attempt started.
+EXPIRED_KIND = "Expired"
+
+
+def expired_reason(expires_at: datetime, attempt: int) -> str:
+    """``last_error`` of a job that expired before attempt ``attempt`` could start."""
+    which = "it started" if attempt <= 1 else f"attempt {attempt} started"
+    return f"{EXPIRED_KIND}: expired at {expires_at.isoformat(timespec='seconds')} before {which}"
+
+
+def expire(
+    conn: Connection, job_id: int, token: str, reason: str, now: datetime, *, first: bool
+) -> bool:
+    """End a claimed job that expired before its attempt started: ``cancelled`` with
+    ``reason``, the attempt not counted (nor its start, if it was the ``first``: the job
+    never started), and its waiting dependents settled as for a cancellation. ``False``
+    if the claim was lost."""
+    # ``first`` is the caller's, not a CASE on attempts: MariaDB evaluates an UPDATE's
+    # assignments in order, so such a CASE would see attempts already decremented.
+    started = {"started_at": None} if first else {}
+    done = conn.execute(
+        sa.update(jobs)
+        .where(_claimed(job_id, token))
+        .values(
+            status=CANCELLED,
+            attempts=jobs.c.attempts - 1,
+            last_error=reason,
+            finished_at=now,
+            updated_at=now,
+            claim_token=None,
+            **started,
+        )
+    )
+    if done.rowcount != 1:
+        return False
+    dependencies.settle(conn, [job_id], now)
+    return True
+
+
+def expire_pending(
+    conn: Connection, now: datetime, unserved: Sequence[tuple[str, str]], limit: int = 500
+) -> list[int]:
+    """End up to ``limit`` pending jobs of the ``(queue, task)`` pairs ``unserved`` whose
+    expiry has passed, as :func:`expire` ends a claimed one (for the jobs no worker would
+    claim; each pair is read from the (task, status) index). Returns the ids ended."""
+    if not unserved:
+        return []
+    where = sa.or_(*(sa.and_(jobs.c.queue == q, jobs.c.task == t) for q, t in unserved))
+    rows = conn.execute(
+        sa.select(jobs.c.id, jobs.c.attempts, jobs.c.expires_at)
+        .where(
+            jobs.c.status == PENDING,
+            jobs.c.expires_at.is_not(None),
+            jobs.c.expires_at <= now,
+            where,
+        )
+        .order_by(jobs.c.id)
+        .limit(limit)
+        .with_for_update()
+    ).all()
+    ended = []
+    for row in rows:
+        done = conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == row.id, jobs.c.status == PENDING)
+            .values(
+                status=CANCELLED,
+                last_error=expired_reason(row.expires_at, row.attempts + 1),
+                finished_at=now,
+                updated_at=now,
+            )
+        )
+        if done.rowcount == 1:
+            ended.append(row.id)
+    dependencies.settle(conn, ended, now)
+    return ended
+
+
 def holds_claim(conn: Connection, job_id: int, token: str) -> bool:
     return conn.execute(sa.select(jobs.c.id).where(_claimed(job_id, token))).first() is not None
 
@@ -419,6 +530,8 @@ def _replay_where(conn: Connection, where: Any, now: datetime) -> int:
             cancel_requested_at=None,
             progress=None,
             progress_message=None,
+            # Replayed by hand to run now: an expiry that has passed would end it again.
+            expires_at=None,
         )
     ).rowcount
 

@@ -203,6 +203,13 @@ jobs = sa.Table(
     # None for none. Read with the job; filtering goes through sqlqueue_job_tags.
     _column("tags", sa.Text, null=True),
     _column("meta", sa.Text, null=True),
+    # The job is not run if no attempt started by then (``using(expires=...)``): the
+    # worker that claims it later ends it ``cancelled`` (docs/expiry.md). Not indexed:
+    # the claim never filters on it.
+    _column("expires_at", UTCDateTime, null=True),
+    # Times the task asked to run later without spending an attempt (``Snooze``).
+    # Server default only: an enqueue's INSERT names no more columns than before.
+    _column("snoozes", sa.Integer, server_default="0"),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),

@@ -69,6 +69,9 @@ class EnqueueOptions:
     #: A small dict of JSON values the job carries, for its task and for people
     #: (core/tags.py); ``None`` for none.
     meta: Mapping[str, Any] | None = None
+    #: When the job stops being worth starting (docs/expiry.md): seconds or a timedelta
+    #: after it is enqueued, or an aware datetime. ``None``: never.
+    expires: float | timedelta | datetime | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -87,7 +90,11 @@ class EnqueueOptions:
                     "such as datetime.now(UTC) + timedelta(...)."
                 )
         # Checked again against the database's clock when the job is written.
-        due_time(self, datetime.now(UTC))
+        now = datetime.now(UTC)
+        if self.expires is not None:
+            expiry_time(self, now, due_time(self, now))
+        else:
+            due_time(self, now)
         key = self.idempotency_key
         if key is not None:
             check_key(key, "idempotency_key")
@@ -195,7 +202,7 @@ def check_task_name(name: object) -> str:
     return name
 
 
-def _delay_seconds(delay: float | timedelta) -> float:
+def _delay_seconds(delay: float | timedelta, name: str = "delay") -> float:
     """The delay in seconds; ``inf`` for one too long for a float (refused by the caller)."""
     if isinstance(delay, timedelta):
         seconds = delay.total_seconds()
@@ -205,9 +212,9 @@ def _delay_seconds(delay: float | timedelta) -> float:
         except OverflowError:  # an int too large for a float
             seconds = math.inf
     else:
-        raise TypeError(f"delay={delay!r} must be seconds or a timedelta.")
+        raise TypeError(f"{name}={delay!r} must be seconds or a timedelta.")
     if not seconds >= 0:  # NaN too
-        raise ValueError(f"delay={delay!r} must be zero or more seconds.")
+        raise ValueError(f"{name}={delay!r} must be zero or more seconds.")
     return seconds
 
 
@@ -241,6 +248,60 @@ def due_time(options: EnqueueOptions, now: datetime) -> datetime:
     return now
 
 
+def expiry_time(options: EnqueueOptions, now: datetime, run_at: datetime) -> datetime | None:
+    """When a job with these options, due at ``run_at``, expires (``None``: never),
+    ``now`` being the database's time.
+
+    :raises TypeError: ``expires`` is not seconds, a timedelta or a datetime.
+    :raises ValueError: it is negative or not finite, a naive datetime, outside the times
+        the queue stores, or not after ``run_at`` (the job could never start).
+    """
+    expires = options.expires
+    if expires is None:
+        return None
+    if isinstance(expires, datetime):
+        if expires.tzinfo is None or expires.utcoffset() is None:
+            raise ValueError(
+                f"expires={expires!r} has no timezone; pass an aware datetime such as "
+                "datetime.now(UTC) + timedelta(hours=1), or seconds after the enqueue."
+            )
+        try:
+            expires_at: datetime | None = expires.astimezone(UTC)
+        except OverflowError:
+            expires_at = None
+        if expires_at is None or not EARLIEST_RUN_AT <= expires_at <= LATEST_RUN_AT:
+            raise ValueError(
+                f"expires={expires.isoformat()} is outside the times the queue stores, "
+                f"{RUN_AT_RANGE}; pass a time in that range."
+            )
+    else:
+        if isinstance(expires, bool) or not isinstance(expires, int | float | timedelta):
+            raise TypeError(
+                f"expires={expires!r} must be seconds after the enqueue, a timedelta, or an "
+                "aware datetime."
+            )
+        seconds = _delay_seconds(expires, "expires")
+        if not math.isfinite(seconds) or seconds > longest_delay(now):
+            raise ValueError(
+                f"expires={expires!r} would expire the job after {LATEST_RUN_AT:%Y-%m-%d} "
+                "(UTC), the latest time the queue stores; pass a shorter time, or none "
+                "for a job that never expires."
+            )
+        expires_at = now + timedelta(seconds=seconds)
+    assert expires_at is not None
+    if expires_at <= run_at:
+        raise ValueError(
+            f"expires={_shown_time(expires)} is not after the job is due "
+            f"({run_at.isoformat()}): it could never start. Expire it later, or make it "
+            "due sooner (delay=/run_at=)."
+        )
+    return expires_at
+
+
+def _shown_time(value: float | timedelta | datetime) -> str:
+    return value.isoformat() if isinstance(value, datetime) else repr(value)
+
+
 def job_values(
     task: str,
     payload: str,
@@ -255,8 +316,10 @@ def job_values(
     """
     run_at = due_time(options, now)
     # A batch's id only where there is one: the row of a job in no batch is the same as
-    # before batches (and the same statement, cached once).
-    batch = {} if options.batch_id is None else {"batch_id": options.batch_id}
+    # before batches (and the same statement, cached once). The same for an expiry.
+    batch: dict[str, Any] = {} if options.batch_id is None else {"batch_id": options.batch_id}
+    if options.expires is not None:
+        batch["expires_at"] = expiry_time(options, now, run_at)
     # The same for tags and metadata: a job without them writes no more than before.
     labels = _tags.row_values(cast("tuple[str, ...] | None", options.tags), options.meta)
     return {

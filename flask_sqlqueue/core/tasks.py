@@ -169,6 +169,7 @@ class Task(Generic[P, R]):
         depends_on: Sequence[Job | int] | None = None,
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
+        expires: float | timedelta | datetime | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
@@ -186,9 +187,13 @@ class Task(Generic[P, R]):
             admin's tag filter), added to the task's own (docs/tags.md).
         :param meta: a small dict of JSON values the job carries, read back as
             ``job.meta`` and ``current_job.meta`` (docs/tags.md).
-        :raises ValueError: an option is invalid, ``delay``/``run_at`` gives a time the
-            queue cannot store, a tag is invalid or there are too many, ``meta`` is too
-            large or would not round-trip, or (at enqueue) ``depends_on`` names no job.
+        :param expires: seconds or a timedelta after the enqueue, or an aware datetime:
+            if no attempt has started by then, none will, and the job ends ``cancelled``
+            (docs/expiry.md). Must be after the job is due.
+        :raises ValueError: an option is invalid, ``delay``/``run_at``/``expires`` gives a
+            time the queue cannot store, ``expires`` is not after the job is due, a tag is
+            invalid or there are too many, ``meta`` is too large or would not round-trip,
+            or (at enqueue) ``depends_on`` names no job.
         :raises TypeError: ``depends_on`` is not a list of jobs and ids, ``tags`` not a
             list of strings, or ``meta`` not a dict of JSON values.
         """
@@ -203,6 +208,7 @@ class Task(Generic[P, R]):
             depends_on=depends_on,
             tags=tags,
             meta=meta,
+            expires=expires,
         )
         return BoundTask(self, self.options.merged(extra))
 
@@ -233,6 +239,7 @@ class TaskOptions(TypedDict, total=False):
     concurrency_key: Callable[..., object] | None
     rate_limit: tuple[int, float | timedelta] | None
     tags: Sequence[str] | None
+    expires: float | timedelta | None
 
 
 def check_timeout(timeout: object) -> None:

@@ -57,6 +57,9 @@ CLAIM_COLUMNS = (
     jobs.c.priority,
     jobs.c.idempotency_key,
     jobs.c.claim_token,
+    # For the worker to end an expired job instead of running it (docs/expiry.md).
+    jobs.c.expires_at,
+    jobs.c.snoozes,
     # run_at as the driver gives it, for the claim order only: not decoded on the hot
     # path (SQLite's ISO text sorts as the times it spells; the servers give datetimes).
     sa.type_coerce(jobs.c.run_at, sa.types.NullType()).label("run_at_key"),

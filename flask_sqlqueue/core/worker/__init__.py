@@ -135,6 +135,7 @@ class Worker:
             loader,
             worker_id=self._current_id,
             log_db_error=self._upkeep.log_db_error,
+            clock=self.clock,
         )
         self._dispatcher = Dispatcher(
             store,

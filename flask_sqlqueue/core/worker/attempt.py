@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from dataclasses import field
+from datetime import datetime
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -90,6 +91,7 @@ class Attempt:
             worker_id=worker_id,
             claim_token=job.claim_token,
             store=store,
+            snoozes=job.snoozes,
         )
 
 
@@ -121,8 +123,16 @@ class NotRun:
     dead: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Expired:
+    """The job's expiry (``expires_at``) passed before this attempt could start: the task
+    is not run, and the job ends ``cancelled`` (docs/expiry.md)."""
+
+    expires_at: datetime
+
+
 #: How an attempt ended, as :meth:`Runner.run` returns it.
-Outcome = Returned | Raised | NotRun
+Outcome = Returned | Raised | NotRun | Expired
 
 
 class Runner:
@@ -142,8 +152,10 @@ class Runner:
         *,
         worker_id: Callable[[], str],
         log_db_error: Callable[[str, Exception], None],
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._registry = registry
         self._options = options
         self._job_context = job_context
@@ -160,6 +172,10 @@ class Runner:
         """Run ``attempt``'s task in its own app context and ``current_job``; say how it
         ended. Never raises for what the task does, not even ``SystemExit``."""
         job = attempt.job
+        # Checked as the attempt starts, not at the claim: a job claimed ahead may wait.
+        expires_at = job.expires_at
+        if expires_at is not None and (self._clock or self._store.now)() >= expires_at:
+            return Expired(expires_at)
         task = self._registry.get(job.task)
         try:
             args, kwargs = decode_payload(job.payload)

@@ -35,6 +35,7 @@ from ...exceptions import PayloadError
 from ...exceptions import PermanentFailure
 from ...exceptions import ResultTooLarge
 from ...exceptions import Retry
+from ...exceptions import Snooze
 from .. import lifecycle
 from .. import signals
 from ..isolation import AttemptFailed
@@ -43,6 +44,7 @@ from ..payload import encode_value
 from ..store import error_reason
 from ..tasks import Task
 from .attempt import Attempt
+from .attempt import Expired
 from .attempt import NotRun
 from .attempt import Outcome
 from .attempt import Returned
@@ -174,6 +176,8 @@ class Outcomes:
             self._finish(
                 self._failure_write(attempt, outcome.kind, outcome.message, "", dead=outcome.dead)
             )
+        elif isinstance(outcome, Expired):
+            self._record_expired(attempt, outcome.expires_at)
         elif isinstance(outcome.error, ClaimLost):
             log.warning(
                 "%s: lost its claim while running; nothing recorded",
@@ -182,6 +186,8 @@ class Outcomes:
             )
         elif isinstance(outcome.error, JobCancelled):
             self._record_cancelled(attempt)
+        elif isinstance(outcome.error, Snooze):
+            self._record_snoozed(attempt, outcome.error)
         else:
             error, task = outcome.error, outcome.task
             failed = failure_of(error, functools.partial(self._backoff, attempt, task))
@@ -456,6 +462,62 @@ class Outcomes:
             _Write(
                 attempt,
                 lambda conn: lifecycle.finish_cancelled(conn, job.id, job.claim_token, now),
+                recorded,
+            )
+        )
+
+    def _record_snoozed(self, attempt: Attempt, snoozed: Snooze) -> None:
+        """The task raised ``Snooze``: back to pending after its delay, the attempt not
+        counted and the backoff untouched (``cancelled`` if that was asked for)."""
+        job = attempt.job
+        now = self._clock()
+        # time_after: never past the latest storable time (Snooze refused longer ones).
+        run_at = time_after(now, snoozed.delay)
+
+        def apply(conn: Connection) -> str | None:
+            return lifecycle.snooze(conn, job.id, job.claim_token, run_at, now)
+
+        def recorded(status: str) -> None:
+            if status == JobStatus.CANCELLED.value:
+                log.info(
+                    "%s: snoozed after its cancellation was asked for; job is cancelled",
+                    attempt.label,
+                    extra={**attempt.extra, "sqlqueue_outcome": "cancelled"},
+                )
+                self._emit(signals.job_cancelled, attempt)
+                return
+            log.info(
+                "%s: snoozed for %gs, attempt not counted%s",
+                attempt.label,
+                snoozed.delay,
+                f": {snoozed.reason}" if snoozed.reason else "",
+                extra={**attempt.extra, "sqlqueue_outcome": "snoozed"},
+            )
+
+        self._finish(_Write(attempt, apply, recorded, ends=_ended))
+
+    def _record_expired(self, attempt: Attempt, expires_at: datetime) -> None:
+        """The job expired before this attempt started: ``cancelled``, the attempt not
+        counted, its dependents cancelled (docs/expiry.md)."""
+        job = attempt.job
+        now = self._clock()
+        reason = lifecycle.expired_reason(expires_at, job.attempts)
+
+        def recorded(_done: bool) -> None:
+            log.info(
+                "%s: not run, %s; job is cancelled",
+                attempt.label,
+                reason.removeprefix(f"{lifecycle.EXPIRED_KIND}: "),
+                extra={**attempt.extra, "sqlqueue_outcome": "cancelled"},
+            )
+            self._emit(signals.job_cancelled, attempt)
+
+        self._finish(
+            _Write(
+                attempt,
+                lambda conn: lifecycle.expire(
+                    conn, job.id, job.claim_token, reason, now, first=job.attempts <= 1
+                ),
                 recorded,
             )
         )

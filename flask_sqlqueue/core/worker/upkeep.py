@@ -4,11 +4,12 @@ The worker registers a row of its own, and a heartbeat thread stamps it every
 ``heartbeat_interval``. After each beat that went through, the thread retries the
 outcomes a database fault kept back, rescues the jobs of workers that stopped
 heartbeating, prunes finished jobs when that is due, and now and then warns of pending
-jobs that no live worker would claim. On SQLite it first checks that the file at the
-database's path is still the one this worker opened. The worker stops claiming while its
-own heartbeats fail (:meth:`Upkeep.may_claim`): others may be rescuing its jobs.
-What the heartbeat knows is also the worker's :class:`Health`, for an orchestrator's
-probes, read without a database round trip of their own.
+jobs that no live worker would claim and ends those of them that expired. On SQLite it
+first checks that the file at the database's path is still the one this worker opened.
+The worker stops claiming while its own heartbeats fail (:meth:`Upkeep.may_claim`):
+others may be rescuing its jobs. What the heartbeat knows is also the worker's
+:class:`Health`, for an orchestrator's probes, read without a database round trip of
+their own.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ log = logging.getLogger("flask_sqlqueue.worker")
 
 #: Seconds between two checks for pending jobs that no live worker claims.
 COVERAGE_INTERVAL = 300.0
+#: Seconds between two rounds that end the expired pending jobs no live worker claims
+#: (a worker that claims an expired job ends it itself: docs/expiry.md).
+EXPIRY_INTERVAL = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +135,7 @@ class Upkeep:
         # together do not all prune at once.
         self._next_prune = time.monotonic() + random.uniform(0, store.settings.prune_interval)
         self._next_coverage = 0.0
+        self._next_expiry = 0.0
         self._warned_unserved: set[str] = set()
         self._paused = False
         self._db_error_logged = 0.0
@@ -267,6 +272,8 @@ class Upkeep:
             self._prune_if_due()
             if now >= self._next_coverage:
                 self.warn_unserved()
+            if now >= self._next_expiry:
+                self.expire_unserved()
             self.last_round = time.monotonic()
 
     def _healthy(self) -> None:
@@ -374,6 +381,38 @@ class Upkeep:
             if what not in self._warned_unserved:
                 self._warned_unserved.add(what)
                 log.warning("%s; %s", what, fix)
+
+    def expire_unserved(self) -> list[int]:
+        """End the expired pending jobs that no live worker, this one included, would
+        claim (their queue or task is served by none): ``cancelled``, as a worker ends an
+        expired job it claims, so that neither they nor their dependents and waiters wait
+        for good. Returns their ids. Runs every :data:`EXPIRY_INTERVAL` seconds; it reads
+        nothing more while every pending job is served (the unserved-jobs check's read)."""
+        self._next_expiry = time.monotonic() + EXPIRY_INTERVAL
+        within = self._options.heartbeat_interval
+        try:
+            fresh = self._store.heartbeat_fresh(self._options.stale_after, self._clock())
+            with self._store.read() as conn:
+                unserved = [(u.queue, u.task) for u in queries.coverage(conn, fresh).unserved]
+            if not unserved:
+                return []
+            now = self._clock()
+            ended = self._store.run_finishing(
+                lambda conn: lifecycle.expire_pending(conn, now, unserved),
+                lambda ids: ids,
+                within=within,
+            )
+        except sa.exc.SQLAlchemyError as exc:
+            self.log_db_error("ending expired jobs", exc)
+            return []
+        if ended:
+            log.info(
+                "worker %s ended %d expired job(s) that no live worker serves: %s",
+                self.id,
+                len(ended),
+                ", ".join(map(str, ended)),
+            )
+        return ended
 
     def log_db_error(self, what: str, exc: Exception) -> None:
         """Log a database error that the worker lives through: one line per 10 s."""
