@@ -341,3 +341,18 @@ def test_the_example_of_the_docs_runs(tmp_path: Path) -> None:
         "['reports', 'customer:42'] {'asked_by': 'ops'}",
         "{'customer': 42, 'asked_by': 'ops'}",
     ]
+
+
+@queue.task(name="tags.expiring", tags=["short-lived"], expires=3600)
+def expiring() -> None: ...
+
+
+def test_a_tasks_default_tags_and_expiry_both_apply(tags_app: Flask) -> None:
+    """Each of the task's defaults reaches its jobs, none replacing another."""
+    with tags_app.app_context():
+        job = expiring.using(tags=["extra"]).enqueue()
+        stored = queue.get_job(job.id)
+    assert stored is not None
+    assert stored.tags == ["short-lived", "extra"]
+    assert stored.expires_at is not None
+    assert 3590 <= (stored.expires_at - stored.created_at).total_seconds() <= 3610
