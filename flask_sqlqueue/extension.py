@@ -55,6 +55,7 @@ from .core.tasks import Task
 from .core.tasks import TaskOptions
 from .core.tasks import TaskRegistry
 from .core.tasks import check_timeout
+from .core.versions import Upcaster
 from .core.worker import Worker
 from .core.worker import WorkerOptions
 from .exceptions import ConfigurationError
@@ -205,6 +206,8 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        version: int = 1,
+        upcast: Mapping[int, Upcaster] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -222,6 +225,8 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        version: int = 1,
+        upcast: Mapping[int, Upcaster] | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -243,6 +248,11 @@ class QueueExtension:
             ``lambda account_id, **_: account_id``.
         :param rate_limit: ``(starts, period)``: at most ``starts`` jobs (per key) start
             in each fixed window of ``period`` seconds (or a timedelta).
+        :param version: the version of its arguments (``1``): raise it when a change of
+            signature makes stored jobs' arguments wrong for it (docs/versions.md).
+        :param upcast: ``{old_version: (args, kwargs) -> (args, kwargs)}``: turns the
+            stored arguments of each earlier version into the next version's, so delayed,
+            retried and dead jobs written before the change still run.
         :raises DuplicateTask: the name is taken.
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
@@ -266,6 +276,8 @@ class QueueExtension:
                 timeout=timeout,
                 isolate=isolate,
                 limits=limits,
+                version=version,
+                upcast=upcast,
             )
             self.registry.add(task)
             return task
@@ -356,6 +368,7 @@ class QueueExtension:
         depends_on: Sequence[Job | int] | None = None,
         unregistered: bool = False,
         encoded: bool = False,
+        version: int | None = None,
     ) -> Job:
         """Enqueue a task by name, for code that does not import it.
 
@@ -370,6 +383,10 @@ class QueueExtension:
             in their stored JSON forms, as ``job.args`` and ``flask queue enqueue`` have
             them (an ISO 8601 string for a ``datetime``): each is decoded by its
             annotation to check it. Without it they are given as values.
+        :param version: the version of the task the arguments are written for
+            (docs/versions.md): with ``unregistered``, the version a worker's task must
+            upcast them from (``1`` if not given); for a registered task it can only be
+            that task's own.
         :raises UnknownTask: no task of this app has the name, and ``unregistered`` is
             not set; nothing is written.
         :raises TypeError: the arguments do not fit the task, or are not plain JSON.
@@ -385,6 +402,7 @@ class QueueExtension:
             idempotency_key=idempotency_key,
             session=session,
             depends_on=depends_on,
+            version=version,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,
@@ -414,6 +432,7 @@ class QueueExtension:
         depends_on: Sequence[Job | int] | None = None,
         unregistered: bool = False,
         encoded: bool = False,
+        version: int | None = None,
     ) -> list[Job]:
         """Enqueue many jobs of a task by name in one transaction: what
         :meth:`Task.enqueue_many` does, for code that does not import the task.
@@ -423,6 +442,7 @@ class QueueExtension:
         :param depends_on: as for :meth:`enqueue`, for every job of the batch.
         :param unregistered: as for :meth:`enqueue`.
         :param encoded: as for :meth:`enqueue`.
+        :param version: as for :meth:`enqueue`.
         :raises UnknownTask: as :meth:`enqueue`; nothing is written.
         """
         options = EnqueueOptions(
@@ -433,6 +453,7 @@ class QueueExtension:
             max_attempts=max_attempts,
             session=session,
             depends_on=depends_on,
+            version=version,
         )
         return self._produce(
             task, calls, options, many=True, unregistered=unregistered, encoded=encoded

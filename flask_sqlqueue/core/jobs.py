@@ -16,7 +16,7 @@ from typing import Protocol
 
 from ..bounds import positive_seconds
 from .models import JobStatus
-from .payload import decode_payload
+from .payload import decode_call
 from .payload import decode_value
 
 
@@ -58,13 +58,15 @@ class Job:
     payload_error: str | None = None
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
+    #: The version of its task its arguments were written for (docs/versions.md).
+    version: int = 1
     _source: JobSource | None = field(default=None, repr=False)
 
     @classmethod
     def inserted(cls, job_id: int, values: Mapping[str, Any], source: JobSource) -> Job:
         """The job just inserted with ``values`` (its columns), without reading it back.
         Its payload was encoded from checked JSON: it decodes."""
-        args, kwargs = decode_payload(values["payload"])
+        args, kwargs, version = decode_call(values["payload"])
         return cls(
             id=job_id,
             queue=values["queue"],
@@ -85,6 +87,7 @@ class Job:
             finished_at=values.get("finished_at"),
             last_error=values.get("last_error"),
             batch_id=values.get("batch_id"),
+            version=version,
             _source=source,
         )
 
@@ -92,9 +95,10 @@ class Job:
     def from_row(cls, row: Any, source: JobSource | None = None) -> Job:
         payload_error = None
         try:
-            args, kwargs = decode_payload(row.payload)
+            args, kwargs, version = decode_call(row.payload)
         except ValueError as exc:
-            args, kwargs, payload_error = [], {}, f"malformed payload: {exc}"
+            args, kwargs, version = [], {}, 1
+            payload_error = f"malformed payload: {exc}"
         try:
             status: JobStatus | str = JobStatus(row.status)
         except ValueError:
@@ -127,6 +131,7 @@ class Job:
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
             batch_id=getattr(row, "batch_id", None),
+            version=version,
             _source=source,
         )
 

@@ -62,6 +62,9 @@ class EnqueueOptions:
     require: str | None = None
     #: The batch the job belongs to (core/batches.py); set by batches only.
     batch_id: int | None = None
+    #: The version of the task its arguments are written for (core/versions.py);
+    #: ``None``: the registered task's own (1 for a name not registered here).
+    version: int | None = None
 
     def __post_init__(self) -> None:
         check_options(

@@ -31,8 +31,10 @@ from ..context import _current
 from ..isolation import Isolation
 from ..isolation import RuntimeLoader
 from ..jobs import ClaimedJob
-from ..payload import decode_payload
+from ..payload import decode_call
 from ..tasks import Task
+from ..versions import NewerVersion
+from ..versions import UpcastError
 from .options import WorkerOptions
 
 if TYPE_CHECKING:
@@ -158,7 +160,7 @@ class Runner:
         job = attempt.job
         task = self._registry.get(job.task)
         try:
-            args, kwargs = decode_payload(job.payload)
+            args, kwargs, version = decode_call(job.payload)
         except ValueError as exc:
             log.error(
                 "%s: malformed payload, job is dead: %s", attempt.label, exc, extra=attempt.extra
@@ -166,6 +168,16 @@ class Runner:
             return NotRun("MalformedPayload", str(exc), dead=True)
         if task is None:  # cannot happen for claimed rows; never drop the job if it does
             return NotRun("UnknownTask", job.task, dead=False)
+        try:
+            args, kwargs = task.upcast(version, args, kwargs)
+        except NewerVersion as exc:
+            # A producer deployed ahead of this worker: a retry, for a newer worker.
+            log.warning("%s: not run: %s", attempt.label, exc, extra=attempt.extra)
+            return NotRun("NewerVersion", str(exc), dead=False)
+        except UpcastError as exc:
+            # Replayable once the upcaster is fixed: the stored row is never rewritten.
+            log.error("%s: job is dead: %s", attempt.label, exc, extra=attempt.extra)
+            return NotRun("UpcastError", str(exc), dead=True)
         try:
             values = task.decode(args, kwargs)
         except Exception as exc:  # a typed argument edited into nonsense, say
