@@ -59,6 +59,7 @@ from .core.tasks import Task
 from .core.tasks import TaskOptions
 from .core.tasks import TaskRegistry
 from .core.tasks import check_timeout
+from .core.versions import Upcaster
 from .core.worker import Worker
 from .core.worker import WorkerOptions
 from .exceptions import ConfigurationError
@@ -242,6 +243,8 @@ class QueueExtension:
         rate_limit: tuple[int, float | timedelta] | None = None,
         tags: Sequence[str] | None = None,
         expires: float | timedelta | None = None,
+        version: int = 1,
+        upcast: Mapping[int, Upcaster] | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -261,6 +264,8 @@ class QueueExtension:
         rate_limit: tuple[int, float | timedelta] | None = None,
         tags: Sequence[str] | None = None,
         expires: float | timedelta | None = None,
+        version: int = 1,
+        upcast: Mapping[int, Upcaster] | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -287,6 +292,11 @@ class QueueExtension:
         :param expires: seconds (or a timedelta) after each enqueue by which an attempt
             must have started, or the job ends ``cancelled`` without running
             (docs/expiry.md); ``.using(expires=...)`` overrides it per call.
+        :param version: the version of its arguments (``1``): raise it when a change of
+            signature makes stored jobs' arguments wrong for it (docs/versions.md).
+        :param upcast: ``{old_version: (args, kwargs) -> (args, kwargs)}``: turns the
+            stored arguments of each earlier version into the next version's, so delayed,
+            retried and dead jobs written before the change still run.
         :raises DuplicateTask: the name is taken.
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
@@ -318,6 +328,8 @@ class QueueExtension:
                 timeout=timeout,
                 isolate=isolate,
                 limits=limits,
+                version=version,
+                upcast=upcast,
             )
             self.registry.add(task)
             return task
@@ -411,6 +423,7 @@ class QueueExtension:
         expires: float | timedelta | datetime | None = None,
         unregistered: bool = False,
         encoded: bool = False,
+        version: int | None = None,
     ) -> Job:
         """Enqueue a task by name, for code that does not import it.
 
@@ -425,6 +438,10 @@ class QueueExtension:
             in their stored JSON forms, as ``job.args`` and ``flask queue enqueue`` have
             them (an ISO 8601 string for a ``datetime``): each is decoded by its
             annotation to check it. Without it they are given as values.
+        :param version: the version of the task the arguments are written for
+            (docs/versions.md): with ``unregistered``, the version a worker's task must
+            upcast them from (``1`` if not given); for a registered task it can only be
+            that task's own.
         :raises UnknownTask: no task of this app has the name, and ``unregistered`` is
             not set; nothing is written.
         :raises TypeError: the arguments do not fit the task, or are not plain JSON.
@@ -443,6 +460,7 @@ class QueueExtension:
             tags=tags,
             meta=meta,
             expires=expires,
+            version=version,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,
@@ -475,6 +493,7 @@ class QueueExtension:
         expires: float | timedelta | datetime | None = None,
         unregistered: bool = False,
         encoded: bool = False,
+        version: int | None = None,
     ) -> list[Job]:
         """Enqueue many jobs of a task by name in one transaction: what
         :meth:`Task.enqueue_many` does, for code that does not import the task.
@@ -486,6 +505,7 @@ class QueueExtension:
         :param meta: as for :meth:`enqueue`, for every job of the batch.
         :param unregistered: as for :meth:`enqueue`.
         :param encoded: as for :meth:`enqueue`.
+        :param version: as for :meth:`enqueue`.
         :raises UnknownTask: as :meth:`enqueue`; nothing is written.
         """
         options = EnqueueOptions(
@@ -499,6 +519,7 @@ class QueueExtension:
             tags=tags,
             meta=meta,
             expires=expires,
+            version=version,
         )
         return self._produce(
             task, calls, options, many=True, unregistered=unregistered, encoded=encoded

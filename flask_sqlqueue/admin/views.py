@@ -446,6 +446,8 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             now=st.store.now(),
             job=found,
             planned=retry_plan(found, st.store.backoff, own),
+            registered=registered,
+            upcast=None if registered is None else registered.upcast_preview(found),
             edges=edges,
             batch=None if batch is None else batch.summary(job_id),
             effects=effects,

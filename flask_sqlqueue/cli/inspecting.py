@@ -24,6 +24,7 @@ from ..core.retries import PlannedAttempt
 from ..core.retries import retry_plan
 from ..core.tags import check_tag
 from ..core.tasks import task_timeouts
+from ..core.versions import Upcast
 from ..extension import QueueState
 from .base import JOB_ID
 from .base import STATUSES
@@ -317,6 +318,9 @@ def show_command(job_id: int) -> None:
     if batch is not None:
         fields.insert(4, ("batch", batch.summary(job.id)))
     registered = state.registry.get(job.task)
+    if job.version != 1 or (registered is not None and registered.version != 1):
+        here = "" if registered is None else f" (the task here is version {registered.version})"
+        fields.insert(3, ("version", f"{job.version}{here}"))
     if registered is not None and (registered.timeout is not None or registered.isolate):
         fields.insert(-1, ("timeout", _timeout_text(registered.timeout, registered.isolate)))
     width = max(len(name) for name, _ in fields)
@@ -331,6 +335,9 @@ def show_command(job_id: int) -> None:
     if job.meta:
         click.echo("meta:")
         click.echo(indent(json.dumps(job.meta, indent=2, ensure_ascii=False)))
+    upcast = None if registered is None else registered.upcast_preview(job)
+    if upcast is not None:
+        _echo_upcast(upcast)
     click.echo("result:")
     click.echo(indent(json.dumps(job.result, indent=2, ensure_ascii=False)))
     _echo_edges(edges)
@@ -361,6 +368,18 @@ def _status_text(status: str, crashes: int, max_crashes: int) -> str:
     if queries.quarantined(status, crashes, max_crashes):
         return f"{status} (quarantined)"
     return str(status)
+
+
+def _echo_upcast(upcast: Upcast) -> None:
+    """What the stored arguments of an earlier version run as (docs/versions.md)."""
+    if upcast.error is not None:
+        click.echo(f"cannot run as version {upcast.version}: {upcast.error}")
+        return
+    click.echo(f"runs as version {upcast.version}, upcast from version {upcast.stored}, with")
+    click.echo("args:")
+    click.echo(indent(json.dumps(upcast.args, indent=2, ensure_ascii=False)))
+    click.echo("kwargs:")
+    click.echo(indent(json.dumps(upcast.kwargs, indent=2, ensure_ascii=False)))
 
 
 def _retry_lines(job: Job, planned: list[PlannedAttempt], now: datetime) -> list[str]:

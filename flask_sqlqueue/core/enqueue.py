@@ -102,7 +102,8 @@ def enqueue(
             "enqueue_many writes many jobs, and one idempotency_key cannot name them all; "
             "give each job its own with Call(args, kwargs, idempotency_key=...)."
         )
-    rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded)
+    version = _version(found, name, options.version)
+    rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded, version)
     if many:
         made = store.enqueue_many(name, rows, options)
     else:
@@ -134,7 +135,9 @@ def encode_arguments(
     :raises TypeError: the call does not fit the task's signature, or a value is not JSON.
     :raises ValueError: a value would not round-trip, or the payload is too large.
     """
-    payload, _key, limit = _encode_call(store, task, Call(args, kwargs), None, encoded)
+    payload, _key, limit = _encode_call(
+        store, task, Call(args, kwargs), None, encoded, task.version
+    )
     return payload, limit
 
 
@@ -145,6 +148,7 @@ def _encode_calls(
     many: bool,
     default_key: str | None,
     encoded: bool = False,
+    version: int = 1,
 ) -> list[Encoded]:
     """Check and encode every call before anything is written; the first bad call
     raises (naming its index with ``many``)."""
@@ -166,7 +170,7 @@ def _encode_calls(
                 "(args, kwargs) tuple."
             )
         try:
-            rows.append(_encode_call(store, task, call, default_key, encoded))
+            rows.append(_encode_call(store, task, call, default_key, encoded, version))
         except (TypeError, ValueError) as exc:
             if where:
                 _name_the_call(exc, where)
@@ -182,6 +186,7 @@ def _encode_call(
     call: Call,
     default_key: str | None,
     encoded: bool = False,
+    version: int = 1,
 ) -> Encoded:
     args, kwargs, key = call.args, call.kwargs, call.idempotency_key
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
@@ -191,12 +196,12 @@ def _encode_call(
     key = default_key if key is None else check_key(key, "idempotency_key")
     codec = None if task is None else task.codec
     if codec is None:
-        payload = encode_payload(args, kwargs)
+        payload = encode_payload(args, kwargs, version)
     else:
         # The signature check and the concurrency key see the values the task will get.
         if encoded:
             args, kwargs = codec.decode(args, kwargs)
-        payload = encode_payload(*codec.encode(args, kwargs))
+        payload = encode_payload(*codec.encode(args, kwargs), version)
     if task is None:
         limit = None
     else:
@@ -212,6 +217,21 @@ def _encode_call(
     if size is not None:
         raise PayloadTooLarge(size, store.value_limit, store.ops.value_limit_source)
     return payload, key, limit
+
+
+def _version(task: Task[Any, Any] | None, name: str, given: int | None) -> int:
+    """The version of ``name`` a call's arguments are written for: a registered task's
+    own, or ``given`` (1 if not) for a name this app does not register."""
+    if given is not None and (type(given) is not int or given < 1):
+        raise ValueError(f"version must be a positive int (1, 2, ...), got {given!r}.")
+    if task is None:
+        return 1 if given is None else given
+    if given is not None and given != task.version:
+        raise ValueError(
+            f"Task {name!r} is version {task.version} here, and the call says version "
+            f"{given}: its arguments must be version {task.version}'s; leave version out."
+        )
+    return task.version
 
 
 def _parameters(signature: inspect.Signature | None) -> str:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from ..bounds import positive_seconds
 from .models import JobStatus
-from .payload import decode_payload
+from .payload import decode_call
 from .payload import decode_value
 from .tags import read_meta
 from .tags import read_tags
@@ -70,6 +70,8 @@ class Job:
     expires_at: datetime | None = None
     #: Times its task raised ``Snooze`` (attempts it gave back to run later).
     snoozes: int = 0
+    #: The version of its task its arguments were written for (docs/versions.md).
+    version: int = 1
     _source: JobSource | None = field(default=None, repr=False)
 
     @property
@@ -81,7 +83,7 @@ class Job:
     def inserted(cls, job_id: int, values: Mapping[str, Any], source: JobSource) -> Job:
         """The job just inserted with ``values`` (its columns), without reading it back.
         Its payload was encoded from checked JSON: it decodes."""
-        args, kwargs = decode_payload(values["payload"])
+        args, kwargs, version = decode_call(values["payload"])
         return cls(
             id=job_id,
             queue=values["queue"],
@@ -105,6 +107,7 @@ class Job:
             tags=read_tags(values.get("tags")),
             meta=read_meta(values.get("meta")),
             expires_at=values.get("expires_at"),
+            version=version,
             _source=source,
         )
 
@@ -112,9 +115,10 @@ class Job:
     def from_row(cls, row: Any, source: JobSource | None = None) -> Job:
         payload_error = None
         try:
-            args, kwargs = decode_payload(row.payload)
+            args, kwargs, version = decode_call(row.payload)
         except ValueError as exc:
-            args, kwargs, payload_error = [], {}, f"malformed payload: {exc}"
+            args, kwargs, version = [], {}, 1
+            payload_error = f"malformed payload: {exc}"
         try:
             status: JobStatus | str = JobStatus(row.status)
         except ValueError:
@@ -151,6 +155,7 @@ class Job:
             meta=read_meta(getattr(row, "meta", None)),
             expires_at=getattr(row, "expires_at", None),
             snoozes=getattr(row, "snoozes", 0),
+            version=version,
             _source=source,
         )
 

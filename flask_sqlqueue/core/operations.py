@@ -228,8 +228,9 @@ def replay_edited(
         after: dict[str, Any] = {}
         values: dict[str, Any] = {}
         if args is not None or kwargs is not None:
-            new_args = job.args if args is None else args
-            new_kwargs = job.kwargs if kwargs is None else kwargs
+            kept_args, kept_kwargs = _current_arguments(registry, job)
+            new_args = kept_args if args is None else args
+            new_kwargs = kept_kwargs if kwargs is None else kwargs
             values["payload"], values["concurrency_key"] = _edited_payload(
                 store, registry, job, new_args, new_kwargs
             )
@@ -254,6 +255,20 @@ def replay_edited(
     replayed = store.get_job(job_id)
     assert replayed is not None
     return replayed
+
+
+def _current_arguments(
+    registry: Mapping[str, Task[Any, Any]], job: Job
+) -> tuple[list[Any], dict[str, Any]]:
+    """``job``'s stored arguments as its registered task's version takes them (upcast
+    from the version they were written for: docs/versions.md).
+
+    :raises ValueError: they cannot be upcast; nothing changes.
+    """
+    task = registry.get(job.task)
+    if task is None or job.version == task.version:
+        return job.args, job.kwargs
+    return task.upcast(job.version, job.args, job.kwargs)
 
 
 def _edited_payload(
@@ -292,12 +307,14 @@ def duplicate(
     and attempt budget, with fresh attempts, due now. Its idempotency key, dependencies
     and batch are not copied (a key names one job; the copy stands alone).
 
-    The arguments are checked as any enqueue checks them, so a job whose task has since
-    changed its signature is refused (a ``TypeError``) rather than copied.
+    The arguments of an earlier version of the task go through its upcasters
+    (docs/versions.md), then are checked as any enqueue checks them, so a job whose task
+    has since changed its signature with no upcaster is refused (a ``TypeError``)
+    rather than copied.
 
     :returns: the new job.
     :raises InvalidTransition: no such job.
-    :raises ValueError: its stored arguments do not decode.
+    :raises ValueError: its stored arguments do not decode, or cannot be upcast.
     """
     source = store.get_job(job_id)
     if source is None:
@@ -308,6 +325,10 @@ def duplicate(
             f"({source.payload_error}). Nothing was enqueued."
         )
     now = store.now()
+    # A job of an earlier version of its task is copied as the task's version takes it;
+    # one of a task not registered here keeps its own version, for the workers that run it.
+    args, kwargs = _current_arguments(registry, source)
+    version = source.version if source.task not in registry else None
 
     def write(conn: Connection) -> Job:
         options = EnqueueOptions(
@@ -315,13 +336,14 @@ def duplicate(
             priority=source.priority,
             max_attempts=source.max_attempts,
             session=conn,
+            version=version,
         )
         # The job's own row names its task, so a task this app does not register is
         # copied as it is, for the workers that run it.
         (made,) = enqueue(
             store,
             source.task,
-            [Call(source.args, source.kwargs)],
+            [Call(args, kwargs)],
             options,
             registry=registry,
             unregistered=True,

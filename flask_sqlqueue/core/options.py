@@ -72,6 +72,9 @@ class EnqueueOptions:
     #: When the job stops being worth starting (docs/expiry.md): seconds or a timedelta
     #: after it is enqueued, or an aware datetime. ``None``: never.
     expires: float | timedelta | datetime | None = None
+    #: The version of the task its arguments are written for (core/versions.py);
+    #: ``None``: the registered task's own (1 for a name not registered here).
+    version: int | None = None
 
     def __post_init__(self) -> None:
         check_options(

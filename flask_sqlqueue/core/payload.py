@@ -93,8 +93,10 @@ def _check_str(value: str, path: str) -> None:
         raise PayloadValueError(path, value, "is not valid Unicode text") from None
 
 
-def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-    """Check and encode a call's arguments as one JSON document."""
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], version: int = 1) -> str:
+    """Check and encode a call's arguments as one JSON document; ``version`` is the
+    version of the task they were written for (docs/versions.md), stored only when it
+    is not 1, so the payload of an unversioned task is what it always was."""
     args = list(args)
     kwargs = dict(kwargs)
     for i, item in enumerate(args):
@@ -104,11 +106,20 @@ def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
             raise PayloadError("kwargs key", key, "is not a string")
         _check_str(key, "kwargs key")
         check(item, f"kwargs[{key!r}]")
-    return _dumps({"args": args, "kwargs": kwargs})
+    if version == 1:
+        return _dumps({"args": args, "kwargs": kwargs})
+    return _dumps({"args": args, "kwargs": kwargs, "v": version})
 
 
 def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
     """Decode a stored payload; raises ``ValueError`` for a row that was edited into nonsense."""
+    args, kwargs, _version = decode_call(text)
+    return args, kwargs
+
+
+def decode_call(text: str) -> tuple[list[Any], dict[str, Any], int]:
+    """A stored payload's arguments and the version of the task they were written for
+    (1 when it names none: every payload written before tasks had versions)."""
     data = _loads(text)
     if not isinstance(data, dict):
         raise ValueError("payload is not a JSON object")
@@ -116,7 +127,10 @@ def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
     kwargs = data.get("kwargs", {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise ValueError("payload args must be a JSON array and kwargs a JSON object")
-    return args, kwargs
+    version = data.get("v", 1)
+    if type(version) is not int or version < 1:
+        raise ValueError(f"payload version {version!r} is not a positive integer")
+    return args, kwargs, version
 
 
 def encode_value(value: object, path: str = "result") -> str:

@@ -36,6 +36,11 @@ from .options import EnqueueOptions
 from .options import check_task_name
 from .options import signature_of
 from .schedule import Schedule
+from .versions import Upcast
+from .versions import Upcaster
+from .versions import check_versions
+from .versions import preview
+from .versions import upcast_call
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -76,6 +81,8 @@ class Task(Generic[P, R]):
         timeout: float | None = None,
         isolate: bool = False,
         limits: TaskLimits | None = None,
+        version: int = 1,
+        upcast: Mapping[int, Upcaster] | None = None,
     ) -> None:
         if not callable(fn):
             raise TypeError(f"@task needs a function, got {fn!r}.")
@@ -86,6 +93,10 @@ class Task(Generic[P, R]):
             raise TypeError(f"isolate must be True or False, got {isolate!r}.")
         self.fn = fn
         self.name = check_task_name(name)
+        #: The version of its arguments that new jobs are written with (docs/versions.md).
+        self.version = version
+        #: What turns a job's arguments of version k into those of version k + 1.
+        self.upcasters = check_versions(self.name, version, upcast)
         #: What each enqueue's arguments are checked against (read once, here).
         self.signature = signature_of(fn)
         #: Encodes and decodes the arguments of parameters annotated with a type JSON
@@ -221,6 +232,24 @@ class Task(Generic[P, R]):
         codec = self.codec
         return (args, kwargs) if codec is None else codec.decode(args, kwargs)
 
+    def upcast(
+        self, stored: int, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The stored arguments of a job written for version ``stored`` of this task, as
+        this version takes them (plain JSON still: :meth:`decode` comes after).
+
+        :raises ~flask_sqlqueue.core.versions.NewerVersion: ``stored`` is later than this.
+        :raises ~flask_sqlqueue.core.versions.UpcastError: an upcaster is missing or fails.
+        """
+        if stored == self.version:
+            return args, kwargs
+        return upcast_call(self.name, self.version, self.upcasters, stored, args, kwargs)
+
+    def upcast_preview(self, job: Job) -> Upcast | None:
+        """What ``job``'s stored arguments run as under this version of the task, when
+        they were written for another (``None`` when they run as they are)."""
+        return preview(self.name, self.version, self.upcasters, job.version, job.args, job.kwargs)
+
     def __repr__(self) -> str:
         return f"<Task {self.name}>"
 
@@ -240,6 +269,8 @@ class TaskOptions(TypedDict, total=False):
     rate_limit: tuple[int, float | timedelta] | None
     tags: Sequence[str] | None
     expires: float | timedelta | None
+    version: int
+    upcast: Mapping[int, Upcaster] | None
 
 
 def check_timeout(timeout: object) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ...exceptions import Snooze
 from .. import lifecycle
 from .. import signals
 from ..aio import run_to_end
@@ -32,12 +33,18 @@ from ..context import _current
 from ..isolation import Isolation
 from ..isolation import RuntimeLoader
 from ..jobs import ClaimedJob
-from ..payload import decode_payload
+from ..payload import decode_call
 from ..tasks import Task
+from ..versions import NewerVersion
+from ..versions import UpcastError
 from .options import WorkerOptions
 
 if TYPE_CHECKING:
     from ..store import Store
+
+#: Seconds a job written for a later version of its task than this worker's waits
+#: before a worker looks at it again (docs/versions.md).
+NEWER_VERSION_WAIT = 30.0
 
 log = logging.getLogger("flask_sqlqueue.worker")
 
@@ -178,7 +185,7 @@ class Runner:
             return Expired(expires_at)
         task = self._registry.get(job.task)
         try:
-            args, kwargs = decode_payload(job.payload)
+            args, kwargs, version = decode_call(job.payload)
         except ValueError as exc:
             log.error(
                 "%s: malformed payload, job is dead: %s", attempt.label, exc, extra=attempt.extra
@@ -186,6 +193,17 @@ class Runner:
             return NotRun("MalformedPayload", str(exc), dead=True)
         if task is None:  # cannot happen for claimed rows; never drop the job if it does
             return NotRun("UnknownTask", job.task, dead=False)
+        try:
+            args, kwargs = task.upcast(version, args, kwargs)
+        except NewerVersion as exc:
+            # A producer deployed ahead of this worker: the job waits for a newer worker,
+            # spending no attempt (a snooze, never started here).
+            log.warning("%s: not run: %s", attempt.label, exc, extra=attempt.extra)
+            return Raised(Snooze(NEWER_VERSION_WAIT, str(exc)), task)
+        except UpcastError as exc:
+            # Replayable once the upcaster is fixed: the stored row is never rewritten.
+            log.error("%s: job is dead: %s", attempt.label, exc, extra=attempt.extra)
+            return NotRun("UpcastError", str(exc), dead=True)
         try:
             values = task.decode(args, kwargs)
         except Exception as exc:  # a typed argument edited into nonsense, say
