@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test lint docs venv clean
+.PHONY: demo test test-lowest lint docs venv clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or newer is needed (set PYTHON=...)")'
@@ -32,6 +32,20 @@ PYTEST_ARGS ?= -n 4
 test: lint $(DOCS_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+## make test-lowest: the core of the suite with each direct dependency at the lowest
+## version pyproject.toml claims (constraints-lowest.txt), in a virtualenv of its own.
+LOWEST_VENV ?= .venv-lowest
+LOWEST_STAMP := $(LOWEST_VENV)/.installed
+LOWEST_TESTS ?= tests/test_schema.py tests/test_enqueue.py tests/test_worker.py
+$(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
+	$(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		-c constraints-lowest.txt -e '.[test]'
+	@touch $(LOWEST_STAMP)
+
+test-lowest: $(LOWEST_STAMP)
+	$(LOWEST_VENV)/bin/python -m pytest -n 4 -p no:cacheprovider $(LOWEST_TESTS)
+
 ## make lint: ruff, mypy, and the import contracts of pyproject.toml (docs/architecture.md).
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -44,4 +58,4 @@ docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) site dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) $(LOWEST_VENV) site dist build .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
