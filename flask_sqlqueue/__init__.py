@@ -10,6 +10,7 @@ from .core.options import Call as Call
 from .core.tasks import BoundTask as BoundTask
 from .core.tasks import Step as Step
 from .core.tasks import Task as Task
+from .core.uniqueness import Unique as Unique
 from .core.worker import Worker as Worker
 from .core.worker import WorkerOptions as WorkerOptions
 from .exceptions import ClaimLost as ClaimLost
@@ -55,6 +56,7 @@ __all__ = [
     "SchemaError",
     "Step",
     "Task",
+    "Unique",
     "UnknownQueue",
     "UnknownTask",
     "Worker",

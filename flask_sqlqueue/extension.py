@@ -55,6 +55,7 @@ from .core.tasks import Task
 from .core.tasks import TaskOptions
 from .core.tasks import TaskRegistry
 from .core.tasks import check_timeout
+from .core.uniqueness import Unique
 from .core.worker import Worker
 from .core.worker import WorkerOptions
 from .exceptions import ConfigurationError
@@ -205,6 +206,7 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        unique: Unique | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -222,6 +224,7 @@ class QueueExtension:
         concurrency: int | None = None,
         concurrency_key: Callable[..., object] | None = None,
         rate_limit: tuple[int, float | timedelta] | None = None,
+        unique: Unique | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -243,11 +246,17 @@ class QueueExtension:
             ``lambda account_id, **_: account_id``.
         :param rate_limit: ``(starts, period)``: at most ``starts`` jobs (per key) start
             in each fixed window of ``period`` seconds (or a timedelta).
+        :param unique: the default :class:`~flask_sqlqueue.Unique` of its jobs: at most
+            one per key while in scope, and what a conflict does (docs/uniqueness.md);
+            ``.using(unique=...)`` overrides it.
         :raises DuplicateTask: the name is taken.
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
         """
         check_options(queue=queue, priority=priority, max_attempts=max_attempts)
+        defaults = EnqueueOptions(
+            queue=queue, priority=priority, max_attempts=max_attempts, unique=unique
+        )
         check_timeout(timeout)
         if not isinstance(isolate, bool):
             raise TypeError(f"isolate must be True or False, got {isolate!r}.")
@@ -260,7 +269,7 @@ class QueueExtension:
             task: Task[P, R] = Task(
                 function,
                 name=task_name,
-                options=EnqueueOptions(queue=queue, priority=priority, max_attempts=max_attempts),
+                options=defaults,
                 backoff=backoff,
                 producer=self._produce,
                 timeout=timeout,
@@ -354,6 +363,7 @@ class QueueExtension:
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        unique: Unique | None = None,
         unregistered: bool = False,
         encoded: bool = False,
     ) -> Job:
@@ -385,6 +395,7 @@ class QueueExtension:
             idempotency_key=idempotency_key,
             session=session,
             depends_on=depends_on,
+            unique=unique,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,

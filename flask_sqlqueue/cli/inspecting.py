@@ -234,6 +234,7 @@ def show_command(job_id: int) -> None:
         ("attempts", f"{job.attempts}/{job.max_attempts}"),
         ("priority", job.priority),
         ("idempotency key", job.idempotency_key or "-"),
+        ("unique key", job.unique_key or "-"),
         ("run at", format_time(job.run_at)),
         ("created", format_time(job.created_at)),
         ("updated", format_time(job.updated_at)),

@@ -58,6 +58,9 @@ class Job:
     payload_error: str | None = None
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
+    #: The key it was enqueued with ``unique=`` under (docs/uniqueness.md), while it
+    #: holds it: an enqueue that found it out of its scope clears it.
+    unique_key: str | None = None
     _source: JobSource | None = field(default=None, repr=False)
 
     @classmethod
@@ -85,6 +88,7 @@ class Job:
             finished_at=values.get("finished_at"),
             last_error=values.get("last_error"),
             batch_id=values.get("batch_id"),
+            unique_key=values.get("unique_key"),
             _source=source,
         )
 
@@ -127,6 +131,7 @@ class Job:
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
             batch_id=getattr(row, "batch_id", None),
+            unique_key=getattr(row, "unique_key", None),
             _source=source,
         )
 

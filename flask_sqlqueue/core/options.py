@@ -32,6 +32,7 @@ from ..bounds import RUN_AT_RANGE
 from ..bounds import longest_delay
 from .jobs import Job
 from .models import JobStatus
+from .uniqueness import Unique
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -62,6 +63,11 @@ class EnqueueOptions:
     require: str | None = None
     #: The batch the job belongs to (core/batches.py); set by batches only.
     batch_id: int | None = None
+    #: At most one job per key while in scope, and what a conflict does
+    #: (core/uniqueness.py, docs/uniqueness.md).
+    unique: Unique | None = None
+    #: The key ``unique`` gave for this call's arguments; set by enqueue() only.
+    unique_key: str | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -88,6 +94,11 @@ class EnqueueOptions:
             _check_session(self.session)
         if self.depends_on is not None:
             object.__setattr__(self, "depends_on", check_depends_on(self.depends_on))
+        if self.unique is not None and not isinstance(self.unique, Unique):
+            raise TypeError(
+                f"unique takes a Unique(...), got {self.unique!r}; for example "
+                "unique=Unique(on_conflict='replace')."
+            )
 
     @property
     def dependency_ids(self) -> tuple[int, ...]:
@@ -241,7 +252,10 @@ def job_values(
     run_at = due_time(options, now)
     # A batch's id only where there is one: the row of a job in no batch is the same as
     # before batches (and the same statement, cached once).
-    batch = {} if options.batch_id is None else {"batch_id": options.batch_id}
+    batch: dict[str, Any] = {} if options.batch_id is None else {"batch_id": options.batch_id}
+    # Likewise a unique key (core/uniqueness.py), only where there is one.
+    if options.unique_key is not None:
+        batch["unique_key"] = options.unique_key
     return {
         **batch,
         "queue": options.queue or "default",

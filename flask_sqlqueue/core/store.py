@@ -35,6 +35,7 @@ from ..exceptions import QueueUnavailable
 from . import dependencies
 from . import lifecycle
 from . import signals
+from . import uniqueness
 from . import wakeup
 from .dialects import DialectOps
 from .dialects import check_scheme
@@ -52,6 +53,7 @@ from .models import jobs
 from .models import utcnow
 from .options import EnqueueOptions
 from .options import job_values
+from .uniqueness import Unique
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -78,6 +80,10 @@ _stores: weakref.WeakSet[Store] = weakref.WeakSet()
 _writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 # What a forked child inherited and must neither use nor close: held, never collected.
 _inherited: list[Any] = []
+
+#: Rounds of insert-or-find for a unique key before giving up: each round inserts, or
+#: finds the key held by a job that was in scope, unless that job left in between.
+_UNIQUE_ROUNDS = 8
 
 #: Idempotency keys looked up per statement: far below any database's bound parameters.
 _KEYS_PER_READ = 1_000
@@ -207,14 +213,17 @@ class Store:
         )
         depends_on = options.dependency_ids
 
+        unique = options.unique if "unique_key" in values else None
+
         def insert(conn: Connection) -> Job:
             if not depends_on:
-                return self._insert(conn, values)
+                return self._insert(conn, values, unique=unique)
             start = dependencies.prepare(
                 conn, depends_on, require=options.require, batch_id=options.batch_id
             )
             row = {**values, **start.values(values["created_at"])}
-            job = self._insert(conn, row, notify=start.status == dependencies.PENDING)
+            notify = start.status == dependencies.PENDING
+            job = self._insert(conn, row, notify=notify, unique=unique)
             if job.created_at is row["created_at"]:  # new, not a job holding the key
                 dependencies.link(conn, [job.id], depends_on, require=options.require)
             return job
@@ -333,7 +342,16 @@ class Store:
         same = conn.dialect.name == self.engine.dialect.name
         return self.ops if same else for_dialect(conn.dialect.name)
 
-    def _insert(self, conn: Connection, values: dict[str, Any], *, notify: bool = True) -> Job:
+    def _insert(
+        self,
+        conn: Connection,
+        values: dict[str, Any],
+        *,
+        notify: bool = True,
+        unique: Unique | None = None,
+    ) -> Job:
+        if unique is not None:
+            return self._insert_unique(conn, values, unique, notify=notify)
         ops = self._ops_for(conn)
         key = values["idempotency_key"]
         for _ in range(3):
@@ -345,6 +363,48 @@ class Store:
                 return Job.from_row(existing, self)
             # The holder of the key was deleted between our insert and our read: try again.
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
+
+    def _insert_unique(
+        self, conn: Connection, values: dict[str, Any], unique: Unique, *, notify: bool
+    ) -> Job:
+        """Insert a job whose ``values`` carry a unique key (core/uniqueness.py): the new
+        job, the job holding its idempotency key, or the job holding its unique key in
+        ``unique``'s scope (given this call's arguments first with ``replace``).
+
+        The unique index decides every race: an insert that finds the key held frees it
+        if the holder is out of scope and tries again; a holder that leaves between the
+        failed insert and the read (it started, finished, or was deleted) makes another
+        round, a few at most, as each round either inserts or finds a holder that was
+        in scope an instant before.
+        """
+        ops = self._ops_for(conn)
+        key, idempotency_key = values["unique_key"], values["idempotency_key"]
+        now = values["created_at"]
+        for _ in range(_UNIQUE_ROUNDS):
+            job_id = ops.insert_unique(conn, values, notify=notify)
+            if job_id is not None:
+                return self._new_job(job_id, values)
+            if idempotency_key is not None:
+                held = conn.execute(
+                    sa.select(jobs).where(jobs.c.idempotency_key == idempotency_key)
+                ).first()
+                if held is not None:
+                    return Job.from_row(held, self)
+            if uniqueness.free(conn, key, unique, now):
+                continue  # the holder was out of scope: the key is ours to take
+            row = uniqueness.holder(conn, key)
+            if row is None or not uniqueness.holds(row, unique, now):
+                continue  # it left meanwhile
+            if unique.on_conflict == "replace" and row.status in uniqueness.NOT_STARTED:
+                if not uniqueness.replace(conn, row.id, key, values):
+                    continue  # it started meanwhile: judge it again
+                if notify:
+                    ops.notify(conn)  # it may be due sooner than it was
+                row = uniqueness.holder(conn, key)
+                if row is None:
+                    continue
+            return Job.from_row(row, self)
+        raise RuntimeError(f"Could not insert or find the job with unique key {key!r}.")
 
     def _insert_many(
         self, conn: Connection, rows: list[dict[str, Any]], *, notify: bool = True

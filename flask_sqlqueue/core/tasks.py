@@ -36,6 +36,7 @@ from .options import EnqueueOptions
 from .options import check_task_name
 from .options import signature_of
 from .schedule import Schedule
+from .uniqueness import Unique
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -167,6 +168,7 @@ class Task(Generic[P, R]):
         idempotency_key: str | None = None,
         session: Session | scoped_session[Any] | Connection | None = None,
         depends_on: Sequence[Job | int] | None = None,
+        unique: Unique | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
@@ -180,6 +182,10 @@ class Task(Generic[P, R]):
             ``waiting`` and becomes ``pending`` once all have completed, or ends
             ``cancelled`` if one ends dead or cancelled (docs/workflows.md). Each must
             exist when the job is written (in ``session``'s transaction, if given).
+        :param unique: at most one job of this task per key (its arguments, or a key
+            given) while in scope, and what a conflict does: return the job holding the
+            key, or give it this call's arguments and ``run_at`` (debounce); see
+            :class:`~flask_sqlqueue.Unique` and docs/uniqueness.md. Overrides the task's.
         :raises ValueError: an option is invalid, ``delay``/``run_at`` gives a time the
             queue cannot store, or (at enqueue) ``depends_on`` names no job.
         :raises TypeError: ``depends_on`` is not a list of jobs and ids.
@@ -193,6 +199,7 @@ class Task(Generic[P, R]):
             idempotency_key=idempotency_key,
             session=session,
             depends_on=depends_on,
+            unique=unique,
         )
         return BoundTask(self, self.options.merged(extra))
 
@@ -222,6 +229,7 @@ class TaskOptions(TypedDict, total=False):
     concurrency: int | None
     concurrency_key: Callable[..., object] | None
     rate_limit: tuple[int, float | timedelta] | None
+    unique: Unique | None
 
 
 def check_timeout(timeout: object) -> None:

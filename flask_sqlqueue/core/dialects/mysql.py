@@ -173,6 +173,14 @@ class MySQLOps(ServerOps):
         result = _insert_once(conn, _INSERT_JOB, values)
         return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
 
+    def insert_unique(
+        self, conn: Connection, values: dict[str, Any], *, notify: bool = True
+    ) -> int | None:
+        # A duplicate of either key is error 1062, caught in a savepoint. (No NOTIFY
+        # here: the store wakes this host's workers after the commit.)
+        result = _insert_once(conn, _INSERT_JOB, values)
+        return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
+
     def insert_effect(self, conn: Connection, key: str, job_id: int, now: datetime) -> bool:
         values = {"key": key, "job_id": job_id, "created_at": now}
         return _insert_once(conn, _INSERT_EFFECT, values) is not None
