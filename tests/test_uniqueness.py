@@ -207,8 +207,9 @@ def test_a_pending_job_past_its_period_gives_the_key_up(app: Flask) -> None:
 # -- races ---------------------------------------------------------------------------------------
 
 
-def _race(app: Flask, unique: Unique, producers: int = 8) -> list[int]:
-    """``producers`` threads enqueue the same unique job at once; their job ids."""
+def _race(app: Flask, unique: Unique, producers: int = 8, *, session: bool = False) -> list[int]:
+    """``producers`` threads enqueue the same unique job at once, each in the queue's own
+    transaction or, with ``session``, in one of its own; their job ids."""
     barrier = threading.Barrier(producers)
     ids: list[int] = []
     errors: list[BaseException] = []
@@ -217,7 +218,14 @@ def _race(app: Flask, unique: Unique, producers: int = 8) -> list[int]:
         try:
             with app.app_context():
                 barrier.wait(WAIT)
-                ids.append(index.using(unique=unique).enqueue(9, lang=f"l{n}").id)
+                if not session:
+                    ids.append(index.using(unique=unique).enqueue(9, lang=f"l{n}").id)
+                    return
+                # store.write(): BEGIN IMMEDIATE on SQLite, as a caller's writing
+                # transaction there must be (a deferred one cannot wait to write).
+                with store(app).write() as conn:
+                    bound = index.using(unique=unique, session=conn)
+                    ids.append(bound.enqueue(9, lang=f"l{n}").id)
         except BaseException as exc:
             errors.append(exc)
 
@@ -230,20 +238,25 @@ def _race(app: Flask, unique: Unique, producers: int = 8) -> list[int]:
     return ids
 
 
+@pytest.mark.parametrize("session", [False, True], ids=["own", "session"])
 @pytest.mark.parametrize("on_conflict", ["skip", "replace"])
-def test_racing_producers_make_one_job(app: Flask, on_conflict: str) -> None:
+def test_racing_producers_make_one_job(app: Flask, on_conflict: str, session: bool) -> None:
     unique = Unique(key="race", on_conflict=on_conflict)  # type: ignore[arg-type]
-    ids = _race(app, unique)
+    ids = _race(app, unique, session=session)
     assert len(ids) == 8 and len(set(ids)) == 1
     assert len(rows(app)) == 1
 
 
-def test_racing_producers_after_the_holder_finished_make_one_new_job(app: Flask) -> None:
-    unique = Unique(key="race")
+@pytest.mark.parametrize("session", [False, True], ids=["own", "session"])
+@pytest.mark.parametrize("on_conflict", ["skip", "replace"])
+def test_racing_producers_after_the_holder_finished_make_one_new_job(
+    app: Flask, on_conflict: str, session: bool
+) -> None:
+    unique = Unique(key="race", on_conflict=on_conflict)  # type: ignore[arg-type]
     first = index.using(unique=unique).enqueue(9)
     drain()
-    ids = _race(app, unique)
-    assert len(set(ids)) == 1 and ids[0] != first.id
+    ids = _race(app, unique, session=session)
+    assert len(ids) == 8 and len(set(ids)) == 1 and ids[0] != first.id
     assert len(rows(app)) == 2
     assert [row.unique_key is not None for row in rows(app)] == [False, True]
 

@@ -85,6 +85,10 @@ _inherited: list[Any] = []
 #: finds the key held by a job that was in scope, unless that job left in between.
 _UNIQUE_ROUNDS = 8
 
+#: Times an enqueue in the queue's own transaction is tried when the database ends it
+#: to break a deadlock.
+_DEADLOCK_TRIES = 8
+
 #: Idempotency keys looked up per statement: far below any database's bound parameters.
 _KEYS_PER_READ = 1_000
 
@@ -318,9 +322,11 @@ class Store:
                     return insert(conn)
             except sa.exc.DBAPIError as exc:
                 tries += 1
-                # A job with dependencies locks them, as finishing them does: the
-                # database may end one of two such transactions to break a deadlock.
-                if tries < 3 and self.ops.is_deadlock(exc):
+                # A job with dependencies locks them, as finishing them does, and
+                # producers racing to free or replace the holder of a unique key lock
+                # it: the database may end one of two such transactions to break a
+                # deadlock.
+                if tries < _DEADLOCK_TRIES and self.ops.is_deadlock(exc):
                     continue
                 if not is_transient(exc):
                     raise
@@ -371,40 +377,61 @@ class Store:
         job, the job holding its idempotency key, or the job holding its unique key in
         ``unique``'s scope (given this call's arguments first with ``replace``).
 
-        The unique index decides every race: an insert that finds the key held frees it
-        if the holder is out of scope and tries again; a holder that leaves between the
-        failed insert and the read (it started, finished, or was deleted) makes another
-        round, a few at most, as each round either inserts or finds a holder that was
-        in scope an instant before.
+        Each round reads the key's holder: in scope, it is the answer (or replaced);
+        out of scope, its key is freed. Then the insert, which the unique index refuses
+        if a racer took the key meanwhile; the next round finds that racer's job. A
+        holder that leaves between a read and a write (it started, finished, or was
+        deleted) costs a round; a few at most, as each needs a racer or a worker to
+        move in that instant. Reading before inserting keeps a key in scope free of
+        writes and locks: on InnoDB, racers each holding the shared lock a refused
+        insert takes would deadlock as soon as one wrote the holder.
         """
         ops = self._ops_for(conn)
         key, idempotency_key = values["unique_key"], values["idempotency_key"]
         now = values["created_at"]
+        refused = False
         for _ in range(_UNIQUE_ROUNDS):
-            job_id = ops.insert_unique(conn, values, notify=notify)
-            if job_id is not None:
-                return self._new_job(job_id, values)
-            if idempotency_key is not None:
+            if idempotency_key is not None:  # the contract's promise comes first
                 held = conn.execute(
                     sa.select(jobs).where(jobs.c.idempotency_key == idempotency_key)
                 ).first()
                 if held is not None:
                     return Job.from_row(held, self)
-            if uniqueness.free(conn, key, unique, now):
-                continue  # the holder was out of scope: the key is ours to take
-            row = uniqueness.holder(conn, key)
-            if row is None or not uniqueness.holds(row, unique, now):
-                continue  # it left meanwhile
-            if unique.on_conflict == "replace" and row.status in uniqueness.NOT_STARTED:
-                if not uniqueness.replace(conn, row.id, key, values):
+            row = uniqueness.holder(conn, key, locking=refused)
+            if row is not None:
+                if uniqueness.holds(row, unique, now):
+                    found = self._conflict(conn, ops, row, values, unique, notify=notify)
+                    if found is not None:
+                        return found
                     continue  # it started meanwhile: judge it again
-                if notify:
-                    ops.notify(conn)  # it may be due sooner than it was
-                row = uniqueness.holder(conn, key)
-                if row is None:
-                    continue
-            return Job.from_row(row, self)
+                uniqueness.free(conn, row.id, key, unique, now)
+            job_id = ops.insert_unique(conn, values, notify=notify)
+            if job_id is not None:
+                return self._new_job(job_id, values)
+            refused = True
         raise RuntimeError(f"Could not insert or find the job with unique key {key!r}.")
+
+    def _conflict(
+        self,
+        conn: Connection,
+        ops: DialectOps,
+        row: Any,
+        values: dict[str, Any],
+        unique: Unique,
+        *,
+        notify: bool,
+    ) -> Job | None:
+        """The job for a call whose key ``row`` holds in scope: ``row`` itself, or with
+        ``replace`` and ``row`` not started, ``row`` given the call's arguments and
+        ``run_at``; ``None`` if it started before the write could change it."""
+        if unique.on_conflict != "replace" or row.status not in uniqueness.NOT_STARTED:
+            return Job.from_row(row, self)
+        if not uniqueness.replace(conn, row.id, row.unique_key, values):
+            return None
+        if notify:
+            ops.notify(conn)  # it may be due sooner than it was
+        fresh = conn.execute(sa.select(jobs).where(jobs.c.id == row.id)).one()
+        return Job.from_row(fresh, self)
 
     def _insert_many(
         self, conn: Connection, rows: list[dict[str, Any]], *, notify: bool = True

@@ -5,11 +5,12 @@ A job enqueued with :class:`Unique` stores a key in ``sqlqueue_jobs.unique_key``
 a unique index covers, so two producers racing can never both insert: the database
 refuses the second row whatever the timing. The key is freed *lazily*: no write that
 moves a job along its life (claim, completion, failure, cancellation, rescue) touches
-it, so those hot paths cost what they did. An enqueue that finds its key held asks the
-scope of its own :class:`Unique` whether the holder still counts; if not, it clears
-the holder's key with a guarded ``UPDATE … WHERE unique_key = :key AND <out of
-scope>`` (the test and the write are one statement, made under the row's lock) and
-inserts again. Purging or deleting a job frees its key with its row.
+it, so those hot paths cost what they did. An enqueue reads the job holding its key
+and asks the scope of its own :class:`Unique` whether that job still counts; if not,
+it clears the holder's key with a guarded ``UPDATE … WHERE unique_key = :key AND <out
+of scope>`` (the test is made again in that statement, under the row's lock) and
+inserts. Purging or deleting a job frees its key with its row. An enqueue that finds
+the holder in scope and skips writes nothing and locks nothing.
 
 Everything here is the same SQL on every database; the insert that may find its key
 held is the dialect's (``DialectOps.insert_unique``).
@@ -152,22 +153,38 @@ def out_of_scope(unique: Unique, now: datetime) -> sa.ColumnElement[bool]:
     return sa.or_(*tests) if tests else sa.false()
 
 
-def free(conn: Connection, key: str, unique: Unique, now: datetime) -> bool:
-    """Clear ``key`` from the job holding it if ``unique``'s scope no longer counts that
-    job; ``True`` if it did (an insert may then take the key). One guarded UPDATE: the
-    holder's status is tested under its row lock, so a holder that a worker claims or
-    a person replays meanwhile is judged as it is then."""
+def free(conn: Connection, job_id: int, key: str, unique: Unique, now: datetime) -> bool:
+    """Clear ``key`` from the job ``job_id`` if it still holds it and ``unique``'s scope
+    no longer counts it; ``True`` if it did (an insert may then take the key).
+
+    One guarded UPDATE: the scope is tested again under the row's lock, so a holder
+    that a person replays meanwhile is judged as it is then. By id, not by key: InnoDB
+    then locks the row alone, and racers waiting for it hold no lock on the key's
+    entry of the unique index, which the insert that follows must write (waiting there,
+    they deadlocked with it)."""
     done = conn.execute(
         sa.update(jobs)
-        .where(jobs.c.unique_key == key, out_of_scope(unique, now))
+        .where(jobs.c.id == job_id, jobs.c.unique_key == key, out_of_scope(unique, now))
         .values(unique_key=None)
     )
     return done.rowcount > 0
 
 
-def holder(conn: Connection, key: str) -> Any:
-    """The row of the job holding ``key``, or ``None`` (it just left, or was deleted)."""
-    return conn.execute(sa.select(jobs).where(jobs.c.unique_key == key)).first()
+_HOLDER = sa.select(jobs).where(jobs.c.unique_key == sa.bindparam("key"))
+
+
+def holder(conn: Connection, key: str, *, locking: bool = False) -> Any:
+    """The row of the job holding ``key``, or ``None``.
+
+    Read plainly: under READ COMMITTED that sees every committed holder. With
+    ``locking`` (an insert was just refused, so there is a holder), a plain read that
+    finds none is made again as a shared locking read, which sees the newest committed
+    version even in a caller's transaction whose snapshot is older than the holder
+    (REPEATABLE READ, MariaDB's default)."""
+    row = conn.execute(_HOLDER, {"key": key}).first()
+    if row is None and locking:
+        row = conn.execute(_HOLDER.with_for_update(read=True), {"key": key}).first()
+    return row
 
 
 def holds(row: Any, unique: Unique, now: datetime) -> bool:
