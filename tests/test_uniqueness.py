@@ -204,6 +204,17 @@ def test_a_pending_job_past_its_period_gives_the_key_up(app: Flask) -> None:
     assert [row.status for row in rows(app)] == ["pending", "pending"]
 
 
+def test_a_waiting_job_holds_its_key_and_keeps_its_dependencies(app: Flask) -> None:
+    parent = index.enqueue(1)
+    first = index.using(unique=SKIP, depends_on=[parent]).enqueue(15)
+    assert first.status == JobStatus.WAITING
+    again = index.using(unique=REPLACE, depends_on=[parent]).enqueue(15)
+    assert again.id == first.id and again.status == JobStatus.WAITING
+    assert len(rows(app)) == 2
+    ran = drain()
+    assert [job.id for job in ran] == [parent.id, first.id]
+
+
 # -- races ---------------------------------------------------------------------------------------
 
 

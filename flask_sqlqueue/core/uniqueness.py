@@ -171,6 +171,7 @@ def free(conn: Connection, job_id: int, key: str, unique: Unique, now: datetime)
 
 
 _HOLDER = sa.select(jobs).where(jobs.c.unique_key == sa.bindparam("key"))
+_HOLDER_LOCKED = _HOLDER.with_for_update(read=True)
 
 
 def holder(conn: Connection, key: str, *, locking: bool = False) -> Any:
@@ -183,7 +184,7 @@ def holder(conn: Connection, key: str, *, locking: bool = False) -> Any:
     (REPEATABLE READ, MariaDB's default)."""
     row = conn.execute(_HOLDER, {"key": key}).first()
     if row is None and locking:
-        row = conn.execute(_HOLDER.with_for_update(read=True), {"key": key}).first()
+        row = conn.execute(_HOLDER_LOCKED, {"key": key}).first()
     return row
 
 
