@@ -90,6 +90,8 @@ def test_skip_returns_the_pending_job_and_writes_nothing(app: Flask) -> None:
     assert other.id != first.id
     assert len(rows(app)) == 2
     assert first.unique_key is not None and first.unique_key.startswith("unique.index:args:")
+    # By name, as producers that do not import the task enqueue.
+    assert queue.enqueue("unique.index", [1], unique=SKIP).id == first.id
     # Without unique=, nothing is unique: a third job for doc 1.
     assert index.enqueue(1).id not in (first.id, other.id)
 
