@@ -10,6 +10,7 @@ from .core.options import Call as Call
 from .core.tasks import BoundTask as BoundTask
 from .core.tasks import Step as Step
 from .core.tasks import Task as Task
+from .core.uniqueness import Unique as Unique
 from .core.worker import Worker as Worker
 from .core.worker import WorkerOptions as WorkerOptions
 from .exceptions import ClaimLost as ClaimLost
@@ -58,6 +59,7 @@ __all__ = [
     "Snooze",
     "Step",
     "Task",
+    "Unique",
     "UnknownQueue",
     "UnknownSchedule",
     "UnknownTask",

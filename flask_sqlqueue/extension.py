@@ -59,6 +59,7 @@ from .core.tasks import Task
 from .core.tasks import TaskOptions
 from .core.tasks import TaskRegistry
 from .core.tasks import check_timeout
+from .core.uniqueness import Unique
 from .core.versions import Upcaster
 from .core.worker import Worker
 from .core.worker import WorkerOptions
@@ -245,6 +246,7 @@ class QueueExtension:
         expires: float | timedelta | None = None,
         version: int = 1,
         upcast: Mapping[int, Upcaster] | None = None,
+        unique: Unique | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -266,6 +268,7 @@ class QueueExtension:
         expires: float | timedelta | None = None,
         version: int = 1,
         upcast: Mapping[int, Upcaster] | None = None,
+        unique: Unique | None = None,
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -297,6 +300,9 @@ class QueueExtension:
         :param upcast: ``{old_version: (args, kwargs) -> (args, kwargs)}``: turns the
             stored arguments of each earlier version into the next version's, so delayed,
             retried and dead jobs written before the change still run.
+        :param unique: the default :class:`~flask_sqlqueue.Unique` of its jobs: at most
+            one per key while in scope, and what a conflict does (docs/uniqueness.md);
+            ``.using(unique=...)`` overrides it.
         :raises DuplicateTask: the name is taken.
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
@@ -309,7 +315,12 @@ class QueueExtension:
                 "timedelta); give a datetime per call with .using(expires=...)."
             )
         defaults = EnqueueOptions(
-            queue=queue, priority=priority, max_attempts=max_attempts, tags=tags, expires=expires
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            tags=tags,
+            expires=expires,
+            unique=unique,
         )
         if not isinstance(isolate, bool):
             raise TypeError(f"isolate must be True or False, got {isolate!r}.")
@@ -421,6 +432,7 @@ class QueueExtension:
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
         expires: float | timedelta | datetime | None = None,
+        unique: Unique | None = None,
         unregistered: bool = False,
         encoded: bool = False,
         version: int | None = None,
@@ -461,6 +473,7 @@ class QueueExtension:
             meta=meta,
             expires=expires,
             version=version,
+            unique=unique,
         )
         (job,) = self._produce(
             task, [Call(args, {} if kwargs is None else kwargs)], options,

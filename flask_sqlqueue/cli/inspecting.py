@@ -300,6 +300,7 @@ def show_command(job_id: int) -> None:
         ("priority", job.priority),
         ("idempotency key", job.idempotency_key or "-"),
         ("tags", ", ".join(job.tags) or "-"),
+        ("unique key", job.unique_key or "-"),
         ("run at", format_time(job.run_at)),
         ("expires", format_time(job.expires_at) or "-"),
         ("created", format_time(job.created_at)),

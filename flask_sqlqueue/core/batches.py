@@ -194,9 +194,9 @@ def batch(
     """Write a batch: its row, a member job per step, and each callback given, waiting
     for every member (:data:`CALLBACKS`), in one transaction as :func:`chain`.
 
-    :raises ValueError: there is no step, a step has an ``idempotency_key`` (a job that
-        holds it already cannot join the batch), or ``label`` is longer than 255
-        characters; nothing is written.
+    :raises ValueError: there is no step, a step has an ``idempotency_key`` or is
+        ``unique`` (a job that holds its key already cannot join the batch), or
+        ``label`` is longer than 255 characters; nothing is written.
     """
     steps = _checked(steps, "batch")
     given = {
@@ -215,6 +215,12 @@ def batch(
             raise ValueError(
                 f"A step of a batch cannot have an idempotency_key ({step!r} has "
                 f"{step.options.idempotency_key!r}): a job that holds it already could not "
+                "join the batch. Nothing was enqueued."
+            )
+        if step.options.unique is not None:
+            raise ValueError(
+                f"A step of a batch cannot be unique ({step!r} has unique="
+                f"{step.options.unique!r}): a job that holds its key already could not "
                 "join the batch. Nothing was enqueued."
             )
     if label is not None and (not isinstance(label, str) or len(label) > 255):

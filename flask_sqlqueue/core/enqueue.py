@@ -71,7 +71,7 @@ def enqueue(
     :param calls: each a :class:`Call` or an ``(args, kwargs)`` tuple; a call's own
         idempotency key wins over ``options.idempotency_key``.
     :param many: errors name the index of the call (``calls[3]: ...``), and
-        ``options.idempotency_key`` is refused: one key cannot name many jobs.
+        ``options.idempotency_key`` and ``options.unique`` are refused.
     :param unregistered: write a name that ``registry`` does not hold as it is, for a
         worker that registers it (no signature or concurrency key then).
     :param encoded: the arguments of typed parameters are given in their stored forms
@@ -80,7 +80,8 @@ def enqueue(
     :param eager: run each job of a registered task at once with this worker, and
         return it as it is then.
     :returns: the jobs, in the order of ``calls``; a call whose idempotency key is held
-        already (or repeats an earlier call's) gives the job that holds it.
+        already (or repeats an earlier call's) gives the job that holds it, and so does
+        one whose ``options.unique`` key a job holds in scope (docs/uniqueness.md).
     :raises UnknownTask: ``task`` names no task in ``registry``, without ``unregistered``.
     :raises TypeError: a call does not fit the task's signature, or a value is not JSON.
     :raises ValueError: a value would not round-trip, the arguments are larger than the
@@ -102,14 +103,27 @@ def enqueue(
             "enqueue_many writes many jobs, and one idempotency_key cannot name them all; "
             "give each job its own with Call(args, kwargs, idempotency_key=...)."
         )
+    if many and options.unique is not None:
+        raise ValueError(
+            "enqueue_many does not take unique= (each job could meet a different holder "
+            "of its key); enqueue each call with .using(unique=...).enqueue(...)."
+        )
     version = _version(found, name, options.version)
     rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded, version)
     if many:
         made = store.enqueue_many(name, rows, options)
     else:
         ((payload, key, limit),) = rows
-        if (key, limit) != (options.idempotency_key, options.concurrency_key):
-            options = dataclasses.replace(options, idempotency_key=key, concurrency_key=limit)
+        unique = options.unique
+        token = None if unique is None else unique.token(name, payload, _signature(found))
+        if (key, limit, token) != (
+            options.idempotency_key,
+            options.concurrency_key,
+            options.unique_key,
+        ):
+            options = dataclasses.replace(
+                options, idempotency_key=key, concurrency_key=limit, unique_key=token
+            )
         made = [store.enqueue(name, payload, options)]
     if eager is not None and found is not None:
         for job in dict.fromkeys(made):  # a key repeated in the batch is one job
@@ -139,6 +153,10 @@ def encode_arguments(
         store, task, Call(args, kwargs), None, encoded, task.version
     )
     return payload, limit
+
+
+def _signature(task: Task[Any, Any] | None) -> inspect.Signature | None:
+    return None if task is None else task.signature
 
 
 def _encode_calls(

@@ -72,6 +72,9 @@ class Job:
     snoozes: int = 0
     #: The version of its task its arguments were written for (docs/versions.md).
     version: int = 1
+    #: The key it was enqueued with ``unique=`` under (docs/uniqueness.md), while it
+    #: holds it: an enqueue that found it out of its scope clears it.
+    unique_key: str | None = None
     _source: JobSource | None = field(default=None, repr=False)
 
     @property
@@ -108,6 +111,7 @@ class Job:
             meta=read_meta(values.get("meta")),
             expires_at=values.get("expires_at"),
             version=version,
+            unique_key=values.get("unique_key"),
             _source=source,
         )
 
@@ -156,6 +160,7 @@ class Job:
             expires_at=getattr(row, "expires_at", None),
             snoozes=getattr(row, "snoozes", 0),
             version=version,
+            unique_key=getattr(row, "unique_key", None),
             _source=source,
         )
 

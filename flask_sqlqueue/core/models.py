@@ -210,6 +210,9 @@ jobs = sa.Table(
     # Times the task asked to run later without spending an attempt (``Snooze``).
     # Server default only: an enqueue's INSERT names no more columns than before.
     _column("snoozes", sa.Integer, server_default="0"),
+    # The key of a job enqueued with Unique (core/uniqueness.py): at most one job holds
+    # it; cleared from a holder that an enqueue finds out of its scope.
+    _column("unique_key", ExactString(255), null=True),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),
@@ -388,6 +391,9 @@ _pending = jobs.c.status == JobStatus.PENDING.value
 # of no batch (most, or all) stay out of it.
 batch_index = sa.Index("ix_sqlqueue_jobs_batch_id", jobs.c.batch_id)
 _in_batch = jobs.c.batch_id.isnot(None)
+# The unique keys: partial where the database has partial indexes, so that an enqueue
+# without one writes nothing to it. (MariaDB keeps every row; NULLs never collide.)
+unique_index = sa.Index("uq_sqlqueue_jobs_unique_key", jobs.c.unique_key, unique=True)
 
 # Indexes that every query using them narrows to a subset of the rows: running jobs, or
 # jobs that started. Partial where the database has partial indexes (DIALECT_OPTIONS),
@@ -411,6 +417,7 @@ _partial: list[tuple[sa.Index, Any]] = [
     (limits_index, _running),
     (started_index, jobs.c.started_at.is_not(None)),
     (batch_index, _in_batch),
+    (unique_index, jobs.c.unique_key.is_not(None)),
 ]
 
 #: Options a table or index has on one database only, by dialect name. Given at

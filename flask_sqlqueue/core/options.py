@@ -33,6 +33,7 @@ from ..bounds import longest_delay
 from . import tags as _tags
 from .jobs import Job
 from .models import JobStatus
+from .uniqueness import Unique
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -75,6 +76,11 @@ class EnqueueOptions:
     #: The version of the task its arguments are written for (core/versions.py);
     #: ``None``: the registered task's own (1 for a name not registered here).
     version: int | None = None
+    #: At most one job per key while in scope, and what a conflict does
+    #: (core/uniqueness.py, docs/uniqueness.md).
+    unique: Unique | None = None
+    #: The key ``unique`` gave for this call's arguments; set by enqueue() only.
+    unique_key: str | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -109,6 +115,11 @@ class EnqueueOptions:
             object.__setattr__(self, "tags", _tags.check_tags(self.tags))
         if self.meta is not None:
             object.__setattr__(self, "meta", _tags.check_meta(self.meta))
+        if self.unique is not None and not isinstance(self.unique, Unique):
+            raise TypeError(
+                f"unique takes a Unique(...), got {self.unique!r}; for example "
+                "unique=Unique(on_conflict='replace')."
+            )
 
     @property
     def dependency_ids(self) -> tuple[int, ...]:
@@ -323,6 +334,9 @@ def job_values(
     batch: dict[str, Any] = {} if options.batch_id is None else {"batch_id": options.batch_id}
     if options.expires is not None:
         batch["expires_at"] = expiry_time(options, now, run_at)
+    # Likewise a unique key (core/uniqueness.py), only where there is one.
+    if options.unique_key is not None:
+        batch["unique_key"] = options.unique_key
     # The same for tags and metadata: a job without them writes no more than before.
     labels = _tags.row_values(cast("tuple[str, ...] | None", options.tags), options.meta)
     return {

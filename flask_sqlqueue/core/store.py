@@ -37,6 +37,7 @@ from . import dependencies
 from . import lifecycle
 from . import signals
 from . import tags
+from . import uniqueness
 from . import wakeup
 from .dialects import DialectOps
 from .dialects import check_scheme
@@ -54,6 +55,7 @@ from .models import jobs
 from .models import utcnow
 from .options import EnqueueOptions
 from .options import job_values
+from .uniqueness import Unique
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -80,6 +82,14 @@ _stores: weakref.WeakSet[Store] = weakref.WeakSet()
 _writers: weakref.WeakSet[Writer] = weakref.WeakSet()
 # What a forked child inherited and must neither use nor close: held, never collected.
 _inherited: list[Any] = []
+
+#: Rounds of insert-or-find for a unique key before giving up: each round inserts, or
+#: finds the key held by a job that was in scope, unless that job left in between.
+_UNIQUE_ROUNDS = 8
+
+#: Times an enqueue in the queue's own transaction is tried when the database ends it
+#: to break a deadlock.
+_DEADLOCK_TRIES = 8
 
 #: Idempotency keys looked up per statement: far below any database's bound parameters.
 _KEYS_PER_READ = 1_000
@@ -210,15 +220,18 @@ class Store:
         depends_on = options.dependency_ids
         labels = cast("tuple[str, ...] | None", options.tags)
 
+        unique = options.unique if "unique_key" in values else None
+
         def insert(conn: Connection) -> Job:
             if not depends_on:
-                job = self._insert(conn, values)
+                job = self._insert(conn, values, unique=unique)
             else:
                 start = dependencies.prepare(
                     conn, depends_on, require=options.require, batch_id=options.batch_id
                 )
                 row = {**values, **start.values(values["created_at"])}
-                job = self._insert(conn, row, notify=start.status == dependencies.PENDING)
+                notify = start.status == dependencies.PENDING
+                job = self._insert(conn, row, notify=notify, unique=unique)
                 if job.created_at is row["created_at"]:  # new, not a job holding the key
                     dependencies.link(conn, [job.id], depends_on, require=options.require)
             if labels and job.created_at is values["created_at"]:
@@ -321,9 +334,11 @@ class Store:
                     return insert(conn)
             except sa.exc.DBAPIError as exc:
                 tries += 1
-                # A job with dependencies locks them, as finishing them does: the
-                # database may end one of two such transactions to break a deadlock.
-                if tries < 3 and self.ops.is_deadlock(exc):
+                # A job with dependencies locks them, as finishing them does, and
+                # producers racing to free or replace the holder of a unique key lock
+                # it: the database may end one of two such transactions to break a
+                # deadlock.
+                if tries < _DEADLOCK_TRIES and self.ops.is_deadlock(exc):
                     continue
                 if not is_transient(exc):
                     raise
@@ -345,7 +360,16 @@ class Store:
         same = conn.dialect.name == self.engine.dialect.name
         return self.ops if same else for_dialect(conn.dialect.name)
 
-    def _insert(self, conn: Connection, values: dict[str, Any], *, notify: bool = True) -> Job:
+    def _insert(
+        self,
+        conn: Connection,
+        values: dict[str, Any],
+        *,
+        notify: bool = True,
+        unique: Unique | None = None,
+    ) -> Job:
+        if unique is not None:
+            return self._insert_unique(conn, values, unique, notify=notify)
         ops = self._ops_for(conn)
         key = values["idempotency_key"]
         for _ in range(3):
@@ -357,6 +381,69 @@ class Store:
                 return Job.from_row(existing, self)
             # The holder of the key was deleted between our insert and our read: try again.
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
+
+    def _insert_unique(
+        self, conn: Connection, values: dict[str, Any], unique: Unique, *, notify: bool
+    ) -> Job:
+        """Insert a job whose ``values`` carry a unique key (core/uniqueness.py): the new
+        job, the job holding its idempotency key, or the job holding its unique key in
+        ``unique``'s scope (given this call's arguments first with ``replace``).
+
+        Each round reads the key's holder: in scope, it is the answer (or replaced);
+        out of scope, its key is freed. Then the insert, which the unique index refuses
+        if a racer took the key meanwhile; the next round finds that racer's job. A
+        holder that leaves between a read and a write (it started, finished, or was
+        deleted) costs a round; a few at most, as each needs a racer or a worker to
+        move in that instant. Reading before inserting keeps a key in scope free of
+        writes and locks: on InnoDB, racers each holding the shared lock a refused
+        insert takes would deadlock as soon as one wrote the holder.
+        """
+        ops = self._ops_for(conn)
+        key, idempotency_key = values["unique_key"], values["idempotency_key"]
+        now = values["created_at"]
+        refused = False
+        for _ in range(_UNIQUE_ROUNDS):
+            if idempotency_key is not None:  # the contract's promise comes first
+                held = conn.execute(
+                    sa.select(jobs).where(jobs.c.idempotency_key == idempotency_key)
+                ).first()
+                if held is not None:
+                    return Job.from_row(held, self)
+            row = uniqueness.holder(conn, key, locking=refused)
+            if row is not None:
+                if uniqueness.holds(row, unique, now):
+                    found = self._conflict(conn, ops, row, values, unique, notify=notify)
+                    if found is not None:
+                        return found
+                    continue  # it started meanwhile: judge it again
+                uniqueness.free(conn, row.id, key, unique, now)
+            job_id = ops.insert_unique(conn, values, notify=notify)
+            if job_id is not None:
+                return self._new_job(job_id, values)
+            refused = True
+        raise RuntimeError(f"Could not insert or find the job with unique key {key!r}.")
+
+    def _conflict(
+        self,
+        conn: Connection,
+        ops: DialectOps,
+        row: Any,
+        values: dict[str, Any],
+        unique: Unique,
+        *,
+        notify: bool,
+    ) -> Job | None:
+        """The job for a call whose key ``row`` holds in scope: ``row`` itself, or with
+        ``replace`` and ``row`` not started, ``row`` given the call's arguments and
+        ``run_at``; ``None`` if it started before the write could change it."""
+        if unique.on_conflict != "replace" or row.status not in uniqueness.NOT_STARTED:
+            return Job.from_row(row, self)
+        if not uniqueness.replace(conn, row.id, row.unique_key, values):
+            return None
+        if notify:
+            ops.notify(conn)  # it may be due sooner than it was
+        fresh = conn.execute(sa.select(jobs).where(jobs.c.id == row.id)).one()
+        return Job.from_row(fresh, self)
 
     def _insert_many(
         self, conn: Connection, rows: list[dict[str, Any]], *, notify: bool = True

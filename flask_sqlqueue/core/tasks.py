@@ -36,6 +36,7 @@ from .options import EnqueueOptions
 from .options import check_task_name
 from .options import signature_of
 from .schedule import Schedule
+from .uniqueness import Unique
 from .versions import Upcast
 from .versions import Upcaster
 from .versions import check_versions
@@ -181,6 +182,7 @@ class Task(Generic[P, R]):
         tags: Sequence[str] | None = None,
         meta: Mapping[str, Any] | None = None,
         expires: float | timedelta | datetime | None = None,
+        unique: Unique | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
@@ -194,6 +196,10 @@ class Task(Generic[P, R]):
             ``waiting`` and becomes ``pending`` once all have completed, or ends
             ``cancelled`` if one ends dead or cancelled (docs/workflows.md). Each must
             exist when the job is written (in ``session``'s transaction, if given).
+        :param unique: at most one job of this task per key (its arguments, or a key
+            given) while in scope, and what a conflict does: return the job holding the
+            key, or give it this call's arguments and ``run_at`` (debounce); see
+            :class:`~flask_sqlqueue.Unique` and docs/uniqueness.md. Overrides the task's.
         :param tags: short labels to find the job by (``flask queue list --tag``, the
             admin's tag filter), added to the task's own (docs/tags.md).
         :param meta: a small dict of JSON values the job carries, read back as
@@ -220,6 +226,7 @@ class Task(Generic[P, R]):
             tags=tags,
             meta=meta,
             expires=expires,
+            unique=unique,
         )
         return BoundTask(self, self.options.merged(extra))
 
@@ -271,6 +278,7 @@ class TaskOptions(TypedDict, total=False):
     expires: float | timedelta | None
     version: int
     upcast: Mapping[int, Upcaster] | None
+    unique: Unique | None
 
 
 def check_timeout(timeout: object) -> None:

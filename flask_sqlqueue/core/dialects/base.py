@@ -195,6 +195,12 @@ def _insert_once_statement(insert: Callable[..., Any], unique: sa.Column[Any]) -
 _INSERT_JOB = sa.insert(jobs)
 
 
+@functools.cache
+def _insert_any_once(insert: Callable[..., Any]) -> Any:
+    # Built once per dialect, as _insert_once_statement's are.
+    return insert(jobs).on_conflict_do_nothing().returning(jobs.c.id)
+
+
 @functools.lru_cache(maxsize=32)
 def _returning_id(stmt: sa.Update) -> sa.Update:
     return stmt.returning(jobs.c.id, jobs.c.has_dependents)
@@ -496,6 +502,23 @@ class DialectOps:
             # RETURNING, which made its one-row transaction cost about a third more CPU.
             return int(conn.execute(_INSERT_JOB, values).inserted_primary_key[0])  # type: ignore[index]
         return insert_once(type(self).insert, conn, jobs.c.idempotency_key, values)
+
+    def insert_unique(
+        self, conn: Connection, values: dict[str, Any], *, notify: bool = True
+    ) -> int | None:
+        """Insert a job with a unique key (core/uniqueness.py); return its id, or
+        ``None`` if its unique key or its idempotency key is held (the caller looks the
+        holder up). With ``notify``, tell listening workers on commit if it inserted.
+
+        Default: ``INSERT … ON CONFLICT DO NOTHING RETURNING id``, with no conflict
+        target, so that either key's index refuses the row without an error.
+        """
+        row = conn.execute(_insert_any_once(type(self).insert), values).first()
+        if row is None:
+            return None
+        if notify:
+            self.notify(conn)
+        return int(row[0])
 
     def enqueue_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
         """:meth:`insert_job`, and tell listening workers on commit if it inserted.

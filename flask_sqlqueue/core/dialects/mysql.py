@@ -173,6 +173,14 @@ class MySQLOps(ServerOps):
         result = _insert_once(conn, _INSERT_JOB, values)
         return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
 
+    def insert_unique(
+        self, conn: Connection, values: dict[str, Any], *, notify: bool = True
+    ) -> int | None:
+        # A duplicate of either key is error 1062, caught in a savepoint. (No NOTIFY
+        # here: the store wakes this host's workers after the commit.)
+        result = _insert_once(conn, _INSERT_JOB, values)
+        return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
+
     def insert_effect(self, conn: Connection, key: str, job_id: int, now: datetime) -> bool:
         values = {"key": key, "job_id": job_id, "created_at": now}
         return _insert_once(conn, _INSERT_EFFECT, values) is not None
@@ -222,11 +230,20 @@ def _insert_once(
 
     Not ``ON DUPLICATE KEY UPDATE``: with the FOUND_ROWS flag SQLAlchemy sets, its rowcount
     cannot tell an insert from a duplicate. A savepoint keeps the caller's transaction usable.
+    A deadlock is raised as it is: the server rolled the whole transaction back, savepoint
+    and all, so rolling back to the savepoint would fail and hide it.
     """
+    savepoint = conn.begin_nested()
     try:
-        with conn.begin_nested():
-            return conn.execute(stmt, values)
+        result = conn.execute(stmt, values)
     except sa.exc.IntegrityError as exc:
+        savepoint.rollback()
         if getattr(exc.orig, "args", (None,))[0] == _DUPLICATE_KEY:
             return None
         raise
+    except sa.exc.DBAPIError as exc:
+        if _errno(exc) != _DEADLOCK:
+            savepoint.rollback()
+        raise
+    savepoint.commit()
+    return result

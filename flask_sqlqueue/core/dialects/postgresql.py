@@ -73,6 +73,10 @@ _ENQUEUE_ONCE = (
     .on_conflict_do_nothing(index_elements=[jobs.c.idempotency_key])
     .returning(jobs.c.id, _NOTIFYING)
 )
+# A job with a unique key: no conflict target, so that its unique key's index or its
+# idempotency key's refuses the row without an error (core/uniqueness.py).
+_INSERT_UNIQUE = pg_insert(jobs).on_conflict_do_nothing().returning(jobs.c.id)
+_ENQUEUE_UNIQUE = _INSERT_UNIQUE.returning(_NOTIFYING)
 
 
 class PostgresOps(ServerOps):
@@ -187,6 +191,13 @@ class PostgresOps(ServerOps):
     def enqueue_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
         stmt = _ENQUEUE if values["idempotency_key"] is None else _ENQUEUE_ONCE
         row = conn.execute(stmt, values).first()
+        return None if row is None else int(row[0])
+
+    def insert_unique(
+        self, conn: Connection, values: dict[str, Any], *, notify: bool = True
+    ) -> int | None:
+        # The NOTIFY rides on the INSERT's RETURNING, as a plain enqueue's does.
+        row = conn.execute(_ENQUEUE_UNIQUE if notify else _INSERT_UNIQUE, values).first()
         return None if row is None else int(row[0])
 
     def notify(self, conn: Connection) -> None:
