@@ -828,6 +828,46 @@ def test_enqueue_arguments_over_the_value_limit_are_refused(flask_app: Flask) ->
     assert rows(flask_app) == {}
 
 
+def test_enqueue_with_an_expiry_and_uniqueness(flask_app: Flask) -> None:
+    first = cli(flask_app, "enqueue", ADD, "--args", "[1, 2]", "--expires", "10m", "--unique")
+    again = cli(flask_app, "enqueue", ADD, "--args", "[1, 2]", "--unique", "--expires", "10m")
+    keyed = cli(
+        flask_app, "enqueue", ADD, "--args", "[5, 5]", "--unique", "--unique-key", "k",
+        "--on-conflict", "replace",
+    )  # fmt: skip
+    replaced = cli(
+        flask_app, "enqueue", ADD, "--args", "[6, 6]", "--unique", "--unique-key", "k",
+        "--on-conflict", "replace",
+    )  # fmt: skip
+    for result in (first, again, keyed, replaced):
+        assert_ok(result)
+    assert first.output == again.output  # the same job: it holds its arguments' key
+    assert keyed.output == replaced.output
+    assert len(rows(flask_app)) == 2
+    with flask_app.app_context():
+        job, holder = (sample_app.queue.get_job(i) for i in sorted(rows(flask_app)))
+    assert job is not None and holder is not None
+    assert job.expires_at is not None
+    assert 590 <= (job.expires_at - job.created_at).total_seconds() <= 610
+    assert (holder.args, holder.expires_at) == ([6, 6], None)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment", "code"),
+    [
+        ([ADD, "--args", "[1, 2]", "--expires", "soon"], "not an age", 2),
+        ([ADD, "--args", "[1, 2]", "--unique-key", "k"], "go with --unique", 2),
+        ([ADD, "--args", "[1, 2]", "--on-conflict", "replace"], "go with --unique", 2),
+        ([ADD, "--args", "[1, 2]", "--unique", "--on-conflict", "merge"], "--on-conflict", 2),
+    ],
+)
+def test_enqueue_bad_expiry_or_uniqueness_writes_nothing(
+    flask_app: Flask, args: list[str], fragment: str, code: int
+) -> None:
+    assert_clean_error(cli(flask_app, "enqueue", *args), fragment, code=code)
+    assert rows(flask_app) == {}
+
+
 def test_enqueue_bad_usage(flask_app: Flask) -> None:
     assert_clean_error(cli(flask_app, "enqueue"), "TASK", code=2)
     assert_clean_error(cli(flask_app, "enqueue", ADD, "--delay", "-1"), "--delay", code=2)

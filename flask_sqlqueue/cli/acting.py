@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import getpass
 import json
+from datetime import timedelta
 from typing import Any
+from typing import cast
 
 import click
 
@@ -16,6 +18,7 @@ from ..core import lifecycle
 from ..core import operations
 from ..core.audit import Audit
 from ..core.tags import check_tag
+from ..core.uniqueness import Unique
 from .base import JOB_ID
 from .base import app_state
 from .base import clean_errors
@@ -293,6 +296,14 @@ def _pause_or_resume(names: tuple[str, ...], every: bool, *, paused: bool) -> No
 @click.option("--idempotency-key", help="At most one job per key.")
 @click.option("--tag", "tags", multiple=True, help="A tag for the job (repeat for more).")
 @click.option("--meta", "meta_json", help="JSON object of metadata for the job.")
+@click.option("--expires", help="Age after which it is not started: 90s, 10m, 2h.")
+@click.option("--unique", is_flag=True, help="At most one pending job of these arguments.")
+@click.option("--unique-key", help="With --unique: the key, instead of the arguments.")
+@click.option(
+    "--on-conflict",
+    type=click.Choice(["skip", "replace"]),
+    help="With --unique: return the job holding the key, or give it these arguments.",
+)
 @clean_errors
 def enqueue_command(
     task: str,
@@ -304,6 +315,10 @@ def enqueue_command(
     idempotency_key: str | None,
     tags: tuple[str, ...],
     meta_json: str | None,
+    expires: str | None,
+    unique: bool,
+    unique_key: str | None,
+    on_conflict: str | None,
 ) -> None:
     """Enqueue a registered task with JSON arguments (and tags and metadata, if given).
 
@@ -317,7 +332,13 @@ def enqueue_command(
       flask queue enqueue example_app.tasks.build_report --args '[7]' --kwargs '{"fmt": "csv"}'
       flask queue enqueue example_app.tasks.build_report --args '[7]' --tag customer:7 \\
           --meta '{"requested_by": "ops"}'
+      flask queue enqueue example_app.tasks.build_report --args '[7]' --expires 1h \\
+          --unique --on-conflict replace
     """
+    if (unique_key is not None or on_conflict is not None) and not unique:
+        raise click.UsageError("--unique-key and --on-conflict go with --unique.")
+    once = Unique(unique_key, on_conflict=cast("Any", on_conflict or "skip")) if unique else None
+    lifetime = None if expires is None else _age("--expires", expires)
     args = _json_arg("--args", args_json, list, "array")
     kwargs = _json_arg("--kwargs", kwargs_json, dict, "object")
     meta = None if meta_json is None else _json_arg("--meta", meta_json, dict, "object")
@@ -328,8 +349,16 @@ def enqueue_command(
     job = state.queue.enqueue(
         task, args, kwargs, queue=queue, priority=priority, delay=delay,
         idempotency_key=idempotency_key, tags=tags or None, meta=meta, encoded=True,
+        expires=lifetime, unique=once,
     )  # fmt: skip
     click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
+
+
+def _age(flag: str, text: str) -> timedelta:
+    try:
+        return parse_age(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=flag) from None
 
 
 def _json_arg(flag: str, text: str, kind: type, name: str) -> Any:
