@@ -28,6 +28,7 @@ from sentry_sdk.utils import event_from_exception
 
 from .core import signals
 from .core.isolation import AttemptFailed
+from .exceptions import Retry
 
 if TYPE_CHECKING:
     from sentry_sdk._types import Event
@@ -52,7 +53,8 @@ class SQLQueueIntegration(Integration):
     Pass it to ``sentry_sdk.init(integrations=[SQLQueueIntegration()])`` in the process
     that runs the worker (``flask queue work`` loads the app, so initialising Sentry in
     the app factory is enough). A failure whose job will be retried is reported with the
-    tag ``sqlqueue.outcome=retry``, the last one with ``sqlqueue.outcome=dead``.
+    tag ``sqlqueue.outcome=retry``, the last one with ``sqlqueue.outcome=dead``. A task
+    that raises :class:`~flask_sqlqueue.Retry` is reported only once its job is dead.
     """
 
     identifier = "sqlqueue"
@@ -69,6 +71,8 @@ class SQLQueueIntegration(Integration):
 def _retried(
     _sender: Any, *, job: JobContext, error: BaseException | None, retry_at: datetime, **_: Any
 ) -> None:
+    if isinstance(error, Retry):
+        return  # the task asked for another attempt: not an error until attempts run out
     _report(job, error, "retry", retry_at=retry_at.isoformat())
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from flask import Flask
 
+from flask_sqlqueue import Retry
 from flask_sqlqueue import SQLQueue
 from tests.sample_app import queue_app
 
@@ -22,6 +23,12 @@ def check_quantity(quantity: int) -> None:
 def reserve_stock(quantity: int) -> None:
     """Fails on a negative quantity, one frame below the task."""
     check_quantity(quantity)
+
+
+@queue.task(max_attempts=2)
+def wait_for_supplier() -> None:
+    """Asks for another attempt each time, until its attempts are spent."""
+    raise Retry(0, "the supplier has not answered")
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:

@@ -118,6 +118,20 @@ def test_each_failed_attempt_is_one_event_with_its_trace_and_tags(
 
 
 @pytest.mark.sqlite_only
+def test_a_task_asking_for_a_retry_is_reported_only_once_dead(sentry: Keeping, sapp: Flask) -> None:
+    with sapp.app_context():
+        job = tasks.wait_for_supplier.enqueue()
+    run_burst(tasks.queue.worker(WorkerOptions(grace=1.0), sapp), timeout=WAIT)
+
+    assert (job.refresh().status, job.attempts) == (JobStatus.DEAD, 2)
+    (event,) = sentry.events
+    assert tags_of(event)["sqlqueue.outcome"] == "dead"
+    assert tags_of(event)["sqlqueue.attempt"] == "2"
+    assert exception_of(event)["type"] == "Retry"
+    assert exception_of(event)["module"] == "flask_sqlqueue.exceptions"
+
+
+@pytest.mark.sqlite_only
 def test_without_the_integration_only_the_dead_line_is_sent_without_a_trace(
     sapp: Flask,
 ) -> None:
