@@ -20,11 +20,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 from typing import Any
 
-import sentry_sdk
-from sentry_sdk.integrations import Integration
-from sentry_sdk.scope import add_global_event_processor
-from sentry_sdk.utils import capture_internal_exceptions
-from sentry_sdk.utils import event_from_exception
+try:
+    import sentry_sdk
+    from sentry_sdk.integrations import Integration
+    from sentry_sdk.scope import add_global_event_processor
+    from sentry_sdk.utils import capture_internal_exceptions
+    from sentry_sdk.utils import event_from_exception
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        "flask_sqlqueue.sentry needs sentry-sdk, which is not installed; "
+        "install it with: pip install 'flask-sqlqueue[sentry]'"
+    ) from exc
 
 from .core import signals
 from .core.isolation import AttemptFailed
@@ -159,13 +165,17 @@ def _frames(text: str) -> list[dict[str, Any]]:
 
 
 def _drop_failure_log_lines(event: Event, hint: Hint) -> Event | None:
-    """Drop the event Sentry's logging integration makes of the worker's failure line
-    ("failed, job is dead"): this integration reports that failure with its exception."""
+    """Drop the events Sentry's logging integration makes of the worker's lines about a
+    failure ("failed, job is dead", and "malformed payload, job is dead" before it): this
+    integration reports that failure itself."""
     record = hint.get("log_record")
     if (
         record is not None
         and record.name == WORKER_LOGGER
-        and getattr(record, "sqlqueue_outcome", None) in {"retry", "dead"}
+        and (
+            getattr(record, "sqlqueue_outcome", None) in {"retry", "dead"}
+            or "job is dead" in str(record.msg)
+        )
         and sentry_sdk.get_client().get_integration(SQLQueueIntegration) is not None
     ):
         return None

@@ -7,11 +7,15 @@ an in-process worker. The task is in ``tests/sentry_app.py``.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sentry_sdk
+import sqlalchemy as sa
 from flask import Flask
 from sentry_sdk.envelope import Envelope
 from sentry_sdk.integrations import Integration
@@ -20,11 +24,13 @@ from sentry_sdk.transport import Transport
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import WorkerOptions
+from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.processes import AppLoader
 from flask_sqlqueue.sentry import SQLQueueIntegration
 from tests import sentry_app as tasks
 from tests.workers import run_burst
 
+ROOT = Path(__file__).resolve().parent.parent
 WAIT = 60.0  # upper bound, in seconds, of a burst here (a loaded 2-core machine)
 
 
@@ -132,6 +138,27 @@ def test_a_task_asking_for_a_retry_is_reported_only_once_dead(sentry: Keeping, s
 
 
 @pytest.mark.sqlite_only
+def test_a_job_whose_arguments_cannot_be_read_is_one_event_with_the_stored_error(
+    sentry: Keeping, sapp: Flask
+) -> None:
+    with sapp.app_context():
+        job = tasks.reserve_stock.enqueue(1)
+    with sapp.extensions["sqlqueue"].store.engine.begin() as conn:
+        conn.execute(sa.update(jobs).where(jobs.c.id == job.id).values(payload="{not json"))
+    run_burst(tasks.queue.worker(WorkerOptions(grace=1.0), sapp), timeout=WAIT)
+
+    assert (job.refresh().status, job.attempts) == (JobStatus.DEAD, 1)
+    # The worker logs two error lines about it ("malformed payload, job is dead" and
+    # "failed, job is dead"): neither is a second event.
+    (event,) = sentry.events
+    assert tags_of(event)["sqlqueue.outcome"] == "dead"
+    error = exception_of(event)
+    assert error["type"] == "MalformedPayload"
+    assert error["value"] == job.errors[-1]["message"]
+    assert "stacktrace" not in error
+
+
+@pytest.mark.sqlite_only
 def test_without_the_integration_only_the_dead_line_is_sent_without_a_trace(
     sapp: Flask,
 ) -> None:
@@ -196,3 +223,17 @@ def test_a_failure_in_a_child_process_carries_its_frames_from_the_traceback_text
     assert frames[-1]["abs_path"].endswith("sentry_app.py")
     assert frames[-1]["context_line"].startswith("raise ValueError(")
     assert "Traceback (most recent call last)" in event["extra"]["sqlqueue.traceback"]
+
+
+def test_without_sentry_sdk_the_import_says_how_to_install() -> None:
+    code = (
+        "import sys; sys.modules['sentry_sdk'] = None\n"
+        "try:\n"
+        "    import flask_sqlqueue.sentry\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    assert "pip install 'flask-sqlqueue[sentry]'" in out
