@@ -6,7 +6,10 @@
 
     @signals.job_dead.connect
     def alert(app, job, error, **extra):
-        sentry_sdk.capture_exception(error)
+        app.logger.error("job %s (%s) is dead: %r", job.id, job.task, error)
+
+For Sentry, :class:`flask_sqlqueue.sentry.SQLQueueIntegration` reports each failed
+attempt with its stack trace and the job's tags (docs/sentry.md).
 
 Receivers get the app as sender and keyword arguments (take ``**extra`` so new ones do
 not break them). A receiver that raises is logged and skipped: it cannot break the
