@@ -182,7 +182,13 @@ def runner(tasks: dict[str, Any], job_context: Any = None) -> Runner:
 def task(fn: Any) -> Any:
     # Arguments as stored are the values: a task without typed parameters.
     return SimpleNamespace(
-        fn=fn, timeout=None, isolate=False, backoff=None, decode=lambda *call: call
+        fn=fn,
+        timeout=None,
+        isolate=False,
+        backoff=None,
+        decode=lambda *call: call,
+        version=1,
+        upcast=lambda _stored, *call: call,
     )
 
 

@@ -200,20 +200,23 @@ class Worker:
                 why = f"the database failed ({self._upkeep.fatal})"
             else:
                 why = "asked to stop" if self._asked_to_stop else "no job is eligible (--burst)"
-            log.info(
-                "worker %s stopped: %s; %d job(s) handed back to pending",
-                self.id,
-                why,
-                self._dispatcher.handed_back,
-            )
-            self._runner.close()  # after the hand-back: their jobs are released
-            self._upkeep.stop()
-            self._dispatcher.join()
-            if scheduler is not None:
-                scheduler.join(timeout=5)
-            if self._upkeep.fatal is None:
-                self._outcomes.record_late()
-            self.close()
+            try:
+                self._runner.close()  # after the hand-back: their jobs are released
+                self._upkeep.stop()
+                self._dispatcher.join()
+                if scheduler is not None:
+                    scheduler.join(timeout=5)
+                if self._upkeep.fatal is None:
+                    self._outcomes.record_late()
+                self.close()
+            finally:
+                # Last: every outcome recorded meanwhile (and its log line) comes before it.
+                log.info(
+                    "worker %s stopped: %s; %d job(s) handed back to pending",
+                    self.id,
+                    why,
+                    self._dispatcher.handed_back,
+                )
         if self._upkeep.fatal is not None:
             raise self._upkeep.fatal
 
