@@ -27,6 +27,7 @@ from flask_sqlqueue.core.tags import MAX_META_BYTES
 from flask_sqlqueue.exceptions import Snooze
 from flask_sqlqueue.otel import instrument
 from flask_sqlqueue.otel import uninstrument
+from flask_sqlqueue.processes import AppLoader
 from tests.conftest import install_schema
 from tests.control_app import store_of
 from tests.sample_app import queue_app
@@ -58,6 +59,11 @@ def snoozes() -> str:
     if current_job.snoozes == 0:
         raise Snooze(0.01)
     return "woke"
+
+
+def create_app() -> Flask:
+    """The app of a process worker's children (``SAMPLE_DATABASE_URI``)."""
+    return queue_app(__name__, queue, None)
 
 
 class Traced:
@@ -319,3 +325,32 @@ def test_a_broken_hook_breaks_neither_enqueue_nor_attempt(
         queue.hooks.enqueue.remove(broken)
         queue.hooks.attempt.remove(broken)
     assert caplog.text.count("failed on entry; skipped") == 2
+
+
+@pytest.mark.slow
+def test_a_process_worker_spans_each_attempt_in_its_children(
+    otel_app: Flask, traced: Traced, database_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SAMPLE_DATABASE_URI", database_uri)  # for the children's app
+    with otel_app.app_context():
+        with traced.tracer.start_as_current_span("request"):
+            ok, bad = echo.enqueue("in a child"), fails.enqueue()
+        loader = AppLoader(f"{__name__}:create_app")
+        worker = queue.worker(WorkerOptions(processes=1, grace=1.0), otel_app, loader=loader)
+        run_burst(worker, timeout=180)
+        assert ok.refresh().status == "completed" and bad.refresh().status == "dead"
+
+    publish_ids = {span.context.span_id for span in traced.spans("default publish")}
+    # The worker's process makes the span, around the child's run of the attempt.
+    process = traced.one("otel.echo process")
+    assert process.parent is not None and process.parent.span_id in publish_ids
+    assert process.attributes is not None
+    assert process.attributes["messaging.sqlqueue.outcome"] == "succeeded"
+    # In the child no span is current; the task finds the context in its metadata.
+    assert ok.result["span_id"] == "0" * 16
+    assert ok.result["meta"]["traceparent"].split("-")[1] == f"{process.context.trace_id:032x}"
+    failed = traced.one("otel.fails process")
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.attributes is not None
+    assert failed.attributes["error.type"] == "RuntimeError"  # the child's error, by name
+    assert failed.status.description == "RuntimeError: the printer is on fire"
