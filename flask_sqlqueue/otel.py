@@ -140,10 +140,14 @@ class Instrumentation:
                 span.set_attribute("messaging.sqlqueue.outcome", "cancelled")
                 raise
             except BaseException as exc:
-                kind = exc.kind if isinstance(exc, AttemptFailed) else _type_name(exc)
+                kind = _type_name(exc)
+                told: dict[str, str] = {}
+                if isinstance(exc, AttemptFailed):  # the child's error, not its stand-in
+                    kind = exc.kind
+                    told = {"exception.type": kind, "exception.stacktrace": exc.text}
                 span.set_attribute("messaging.sqlqueue.outcome", "failed")
                 span.set_attribute("error.type", kind)
-                span.record_exception(exc)
+                span.record_exception(exc, attributes=told)
                 span.set_status(Status(StatusCode.ERROR, f"{kind}: {exc}"))
                 raise
             span.set_attribute("messaging.sqlqueue.outcome", "succeeded")

@@ -354,3 +354,8 @@ def test_a_process_worker_spans_each_attempt_in_its_children(
     assert failed.attributes is not None
     assert failed.attributes["error.type"] == "RuntimeError"  # the child's error, by name
     assert failed.status.description == "RuntimeError: the printer is on fire"
+    (event,) = failed.events
+    assert event.attributes is not None
+    assert event.attributes["exception.type"] == "RuntimeError"
+    stacktrace = str(event.attributes["exception.stacktrace"])
+    assert "in fails" in stacktrace and "RuntimeError: the printer is on fire" in stacktrace
