@@ -58,7 +58,9 @@ SCOPE = "flask_sqlqueue"
 class Instrumentation:
     """The spans of one queue, from :func:`instrument`; :meth:`uninstrument` removes them."""
 
-    def __init__(self, queue: QueueExtension, tracer_provider: Any = None) -> None:
+    def __init__(
+        self, queue: QueueExtension, tracer_provider: trace.TracerProvider | None = None
+    ) -> None:
         self.queue = queue
         self.tracer = trace.get_tracer(SCOPE, tracer_provider=tracer_provider)
 
@@ -157,7 +159,9 @@ class Instrumentation:
 _instrumented: WeakKeyDictionary[QueueExtension, Instrumentation] = WeakKeyDictionary()
 
 
-def instrument(queue: QueueExtension, *, tracer_provider: Any = None) -> Instrumentation:
+def instrument(
+    queue: QueueExtension, *, tracer_provider: trace.TracerProvider | None = None
+) -> Instrumentation:
     """Trace ``queue``'s enqueues and attempts in this process (see the module's text).
 
     Call it where the queue is made, so that every process of the app (web and worker)
