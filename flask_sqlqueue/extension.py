@@ -43,6 +43,7 @@ from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
 from .core.enqueue import check_options
 from .core.enqueue import enqueue
+from .core.hooks import Hooks
 from .core.isolation import RuntimeLoader
 from .core.jobs import Job
 from .core.lifecycle import BackoffFunc
@@ -194,6 +195,9 @@ class QueueExtension:
     def __init__(self, app: Flask | None = None) -> None:
         #: Every task declared on this queue, by name.
         self.registry = TaskRegistry()
+        #: The hooks around every enqueue and attempt of this queue's apps
+        #: (core/hooks.py; flask_sqlqueue.otel adds its spans there).
+        self.hooks = Hooks()
         if app is not None:
             self.init_app(app)
 
@@ -219,6 +223,7 @@ class QueueExtension:
             settings = dataclasses.replace(settings, database_uri=uri)
         store = Store.from_settings(settings)
         store.signal_sender = app  # signals name the app, as Flask's own do
+        store.hooks = self.hooks  # shared: a hook added later serves every app
         app.extensions[EXTENSION_KEY] = QueueState(self, settings, store)
 
     # -- declaring tasks ---------------------------------------------------------------------

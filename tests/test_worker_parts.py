@@ -20,6 +20,7 @@ import pytest
 from flask_sqlqueue import PermanentFailure
 from flask_sqlqueue import Retry
 from flask_sqlqueue import current_job
+from flask_sqlqueue.core.hooks import Hooks
 from flask_sqlqueue.core.isolation import AttemptFailed
 from flask_sqlqueue.core.worker import WorkerOptions
 from flask_sqlqueue.core.worker.attempt import Attempt
@@ -167,7 +168,7 @@ def test_taking_back_the_waiting_jobs_stops_them_from_starting() -> None:
 
 
 def runner(tasks: dict[str, Any], job_context: Any = None) -> Runner:
-    store: Any = SimpleNamespace(signal_sender=None)
+    store: Any = SimpleNamespace(signal_sender=None, hooks=Hooks())
     return Runner(
         store,
         tasks,

@@ -22,6 +22,7 @@ from typing import Protocol
 from ..exceptions import PayloadError
 from ..exceptions import PayloadTooLarge
 from ..exceptions import UnknownTask
+from .hooks import Enqueueing
 from .jobs import Job
 from .options import Call as Call
 from .options import CallLike as CallLike
@@ -109,27 +110,51 @@ def enqueue(
             "of its key); enqueue each call with .using(unique=...).enqueue(...)."
         )
     version = _version(found, name, options.version)
-    rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded, version)
-    if many:
-        made = store.enqueue_many(name, rows, options)
+    hooks = store.hooks
+    if not hooks.enqueue:
+        made = _write(store, found, name, calls, options, many, encoded, version)
     else:
-        ((payload, key, limit),) = rows
-        unique = options.unique
-        token = None if unique is None else unique.token(name, payload, _signature(found))
-        if (key, limit, token) != (
-            options.idempotency_key,
-            options.concurrency_key,
-            options.unique_key,
-        ):
-            options = dataclasses.replace(
-                options, idempotency_key=key, concurrency_key=limit, unique_key=token
-            )
-        made = [store.enqueue(name, payload, options)]
+        meta = dict(options.meta or {})
+        queue = options.queue or "default"
+        enqueueing = Enqueueing(store.signal_sender, name, queue, many, dict(meta))
+        with hooks.around_enqueue(enqueueing):
+            if enqueueing.meta != meta:  # a hook added to it (a trace context, say)
+                options = dataclasses.replace(options, meta=enqueueing.meta)
+            made = _write(store, found, name, calls, options, many, encoded, version)
+            enqueueing.jobs = made
     if eager is not None and found is not None:
         for job in dict.fromkeys(made):  # a key repeated in the batch is one job
             eager.run_job(job.id)
             job.refresh()
     return made
+
+
+def _write(
+    store: Store,
+    found: Task[Any, Any] | None,
+    name: str,
+    calls: Iterable[CallLike],
+    options: EnqueueOptions,
+    many: bool,
+    encoded: bool,
+    version: int,
+) -> list[Job]:
+    """Check and encode every call, then write their jobs (see :func:`enqueue`)."""
+    rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded, version)
+    if many:
+        return store.enqueue_many(name, rows, options)
+    ((payload, key, limit),) = rows
+    unique = options.unique
+    token = None if unique is None else unique.token(name, payload, _signature(found))
+    if (key, limit, token) != (
+        options.idempotency_key,
+        options.concurrency_key,
+        options.unique_key,
+    ):
+        options = dataclasses.replace(
+            options, idempotency_key=key, concurrency_key=limit, unique_key=token
+        )
+    return [store.enqueue(name, payload, options)]
 
 
 def encode_arguments(

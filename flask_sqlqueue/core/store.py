@@ -44,6 +44,7 @@ from .dialects import check_scheme
 from .dialects import database_identity
 from .dialects import driver_missing
 from .dialects import for_dialect
+from .hooks import Hooks
 from .jobs import Job
 from .lifecycle import Backoff
 from .lifecycle import cut_text
@@ -142,6 +143,8 @@ class Store:
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
         #: The sender of the queue's signals: the Flask app (set by the extension).
         self.signal_sender: Any = self
+        #: The hooks around enqueues and attempts: the queue's own (set by the extension).
+        self.hooks = Hooks()
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:

@@ -219,8 +219,10 @@ class Runner:
             with self._job_context():
                 reset = _current.set(ctx)
                 try:
-                    signals.send(signals.job_started, self._store.signal_sender, job=ctx)
-                    ended = (True, self._call(task, ctx, attempt.label, (args, kwargs), values))
+                    # The hooks (core/hooks.py) see the task's error, if any, as it leaves.
+                    with self._store.hooks.around_attempt(ctx):
+                        signals.send(signals.job_started, self._store.signal_sender, job=ctx)
+                        ended = (True, self._call(task, ctx, attempt.label, (args, kwargs), values))
                 except BaseException as exc:  # a task's SystemExit must not end the worker
                     ended = (False, exc)
                 finally:
