@@ -55,6 +55,7 @@ QUEUE_TABLES = {
     "sqlqueue_batches",
     "sqlqueue_audit_log",
     "sqlqueue_job_tags",
+    "sqlqueue_payloads",
 }
 HINT = "flask queue db upgrade"
 EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'
