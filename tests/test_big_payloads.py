@@ -33,6 +33,7 @@ from tests.conftest import query
 from tests.control_app import store_of
 from tests.sample_app import queue_app
 from tests.workers import run_burst
+from tests.workflow_app import run_doc_example
 
 queue = SQLQueue()
 
@@ -290,3 +291,11 @@ def test_the_payload_size_limit_still_applies(app: Flask, database_uri: str) -> 
         echo.enqueue("y" * 2000)
     assert query(database_uri, "SELECT COUNT(*) FROM sqlqueue_jobs") == [(0,)]
     assert side_rows(database_uri) == {}
+
+
+def test_the_example_of_the_docs_runs(tmp_path: Path) -> None:
+    assert run_doc_example(tmp_path, "payloads_demo.py", "payloads.md") == [
+        "True",
+        "100",
+        "100 1",
+    ]
