@@ -299,3 +299,34 @@ def test_the_example_of_the_docs_runs(tmp_path: Path) -> None:
         "100",
         "100 1",
     ]
+
+
+def test_a_periodic_task_with_big_arguments(database_uri: str, tmp_path: Path) -> None:
+    """A periodic task's run is an enqueue like any other: its big arguments go outside."""
+    own = SQLQueue()
+
+    @own.periodic("0 0 1 1 *", name="big.yearly", args=[BIG])
+    def yearly(text: str) -> int:
+        return len(text)
+
+    if not database_uri.startswith("sqlite"):
+        install_schema(database_uri)
+    made = queue_app(
+        __name__,
+        own,
+        {"SQLQUEUE_DATABASE_URI": database_uri, "SQLQUEUE_INLINE_PAYLOAD_LIMIT": LIMIT},
+    )
+    made.instance_path = str(tmp_path / "instance")
+    if database_uri.startswith("sqlite"):
+        own.upgrade_database(app=made)
+    try:
+        with made.app_context():
+            job = own.run_schedule("big.yearly")
+            assert job.args == [BIG]
+        assert row_payload(database_uri, job.id) == OUTSIDE
+        assert set(side_rows(database_uri)) == {job.id}
+        run_burst(own.worker(WorkerOptions(grace=1.0), made))
+        with made.app_context():
+            assert job.refresh().result == len(BIG)
+    finally:
+        store_of(made).engine.dispose()

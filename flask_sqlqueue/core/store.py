@@ -419,8 +419,8 @@ class Store:
                         return found
                     continue  # it started meanwhile: judge it again
                 uniqueness.free(conn, row.id, key, unique, now)
-            row_values = bigpayloads.row_values(values, self.settings.inline_payload_limit)
-            job_id = ops.insert_unique(conn, row_values, notify=notify)
+            inserted = bigpayloads.row_values(values, self.settings.inline_payload_limit)
+            job_id = ops.insert_unique(conn, inserted, notify=notify)
             if job_id is not None:
                 return self._new_job(conn, job_id, values)
             refused = True
