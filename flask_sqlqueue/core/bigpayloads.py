@@ -64,7 +64,11 @@ def keep(conn: Connection, made: Iterable[tuple[int, str]], limit: int) -> None:
 def rewrite(conn: Connection, job_id: int, payload: str, limit: int) -> None:
     """After an UPDATE gave ``job_id`` the row values of ``payload``
     (:func:`row_values`), in this transaction: keep it outside if it is over ``limit``,
-    and drop the one the job kept there before."""
+    and drop the one the job kept there before.
+
+    The DELETE runs whatever the row held when read: a producer replacing the same job
+    may have moved its payload outside since, and the UPDATE, which holds the row's
+    lock from then on, is what orders the two."""
     conn.execute(sa.delete(payloads).where(payloads.c.job_id == job_id))
     keep(conn, [(job_id, payload)], limit)
 
