@@ -154,6 +154,8 @@ KEYS: dict[str, Key] = {
     "SQLQUEUE_KEEP_DEAD": Key(timedelta(days=30), _keep, _KEEP),
     "SQLQUEUE_KEEP_EFFECTS": Key(None, _keep, _KEEP),
     "SQLQUEUE_PRUNE_INTERVAL": _number(60.0, minimum=0.1),
+    # Bytes of a job's payload kept in its row; a larger one goes to sqlqueue_payloads.
+    "SQLQUEUE_INLINE_PAYLOAD_LIMIT": _integer(65536, minimum=0),
 }
 
 #: Every key with its default (what ``init_app`` puts in ``app.config`` when unset).
@@ -226,6 +228,9 @@ class Settings:
     keep_effects: float | None = default("SQLQUEUE_KEEP_EFFECTS")
     #: Seconds between two pruning rounds of one worker.
     prune_interval: float = default("SQLQUEUE_PRUNE_INTERVAL")
+    #: Bytes (UTF-8) of a payload kept in its job's row; a larger one is kept in
+    #: ``sqlqueue_payloads`` (docs/payloads.md).
+    inline_payload_limit: int = default("SQLQUEUE_INLINE_PAYLOAD_LIMIT")
 
     @classmethod
     def from_mapping(

@@ -55,6 +55,7 @@ QUEUE_TABLES = {
     "sqlqueue_batches",
     "sqlqueue_audit_log",
     "sqlqueue_job_tags",
+    "sqlqueue_payloads",
 }
 HINT = "flask queue db upgrade"
 EMPTY_PAYLOAD = '{"args":[],"kwargs":{}}'
@@ -471,6 +472,27 @@ def test_upgrade_to_growing_ids_keeps_every_job(
     _assert_claim_index_descending(database_uri, backend)
     with app.app_context():
         assert sample_app.add.enqueue(1, 2).id > max(given)
+
+
+def test_downgrading_big_payloads_puts_them_back_in_their_rows(
+    make_app: Any, database_uri: str
+) -> None:
+    """0017's downgrade moves every payload kept outside back into its job's row, then
+    drops the table; upgrading again leaves the rows as they are."""
+    app = make_app({"SQLQUEUE_INLINE_PAYLOAD_LIMIT": 100})
+    store = _store(app)
+    big = '{"args":["' + "x" * 300 + '"],"kwargs":{}}'
+    outside = store.enqueue("some.task", big, EnqueueOptions()).id
+    inline = store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id
+    assert _sql(database_uri, "SELECT job_id FROM sqlqueue_payloads") == [(outside,)]
+    schema.downgrade(store.engine, "0016")
+    assert "sqlqueue_payloads" not in _tables(database_uri)
+    payloads = _sql(database_uri, "SELECT id, payload FROM sqlqueue_jobs ORDER BY id")
+    assert payloads == [(outside, big), (inline, EMPTY_PAYLOAD)]
+    schema.upgrade(store.engine)
+    assert _differences(store.engine) == []
+    assert _sql(database_uri, "SELECT payload FROM sqlqueue_payloads") == []
+    assert store.get_job(outside).args == ["x" * 300]  # type: ignore[union-attr]
 
 
 # -- SQLite connection settings ------------------------------------------------------------------

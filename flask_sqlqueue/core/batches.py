@@ -100,7 +100,7 @@ class Batch:
         """Its member jobs as they are now, by id (callbacks not included)."""
         with self._store.read() as conn:
             rows = conn.execute(self._members(sa.select(jobs)).order_by(jobs.c.id)).all()
-        return [Job.from_row(row, self._store) for row in rows]
+            return self._store.jobs_from_rows(conn, rows)
 
     @property
     def on_success(self) -> Job | None:

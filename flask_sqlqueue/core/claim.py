@@ -20,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from . import bigpayloads
 from .dialects import DialectOps
 from .jobs import ClaimedJob
 from .limits import Bucket
@@ -83,7 +84,7 @@ def claim(
     if limited:
         return _claim_limited(conn, ops, request, limited)
     candidates = _plain_candidates(tuple(request.queues), tuple(request.tasks))
-    return ops.take(
+    rows = ops.take(
         conn,
         candidates,
         now=request.now,
@@ -91,6 +92,8 @@ def claim(
         worker_id=request.worker_id,
         token=request.token,
     )
+    # Payloads kept outside their rows: one more read, only when a claimed row has one.
+    return bigpayloads.full(conn, rows)
 
 
 def claim_job(
@@ -99,7 +102,7 @@ def claim_job(
     """Claim the job ``job_id`` if it is still pending, whatever its queue or ``run_at``
     (eager mode runs a job the moment it is enqueued); ``None`` if it is not."""
     rows = ops.mark_claimed(conn, [job_id], worker_id=worker_id, token=token, now=now)
-    return rows[0] if rows else None
+    return bigpayloads.full_row(conn, rows[0]) if rows else None
 
 
 def paused_names() -> sa.Select[tuple[str]]:
@@ -260,6 +263,7 @@ def _claim_limited(
                 .where(limits_table.c.name == name)
                 .values(window_start=window_start(start, lim.period), starts=counted + n)
             )
-    return ops.mark_claimed(
+    claimed = ops.mark_claimed(
         conn, chosen, worker_id=request.worker_id, token=request.token, now=start
     )
+    return bigpayloads.full(conn, claimed)

@@ -25,6 +25,7 @@ from sqlalchemy.engine import Connection
 
 from ..config import default
 from ..exceptions import SQLQueueError
+from . import bigpayloads
 from . import dependencies
 from . import tags
 from .dialects import DialectOps
@@ -693,6 +694,7 @@ def purge(conn: Connection, status: str, before: datetime) -> int:
     if purged:
         dependencies.forget(conn)
         tags.forget(conn)
+        bigpayloads.forget(conn)
     return purged
 
 
@@ -709,6 +711,7 @@ def delete(conn: Connection, ids: Sequence[int], now: datetime | None = None) ->
     ).rowcount
     dependencies.forget(conn, ids)
     tags.forget(conn, ids)
+    bigpayloads.forget(conn, ids)
     return deleted
 
 

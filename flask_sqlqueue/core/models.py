@@ -33,6 +33,7 @@ DEPENDENCIES_TABLE = "sqlqueue_job_dependencies"
 BATCHES_TABLE = "sqlqueue_batches"
 AUDIT_TABLE = "sqlqueue_audit_log"
 TAGS_TABLE = "sqlqueue_job_tags"
+PAYLOADS_TABLE = "sqlqueue_payloads"
 VERSION_TABLE = "sqlqueue_alembic_version"
 
 metadata = sa.MetaData(
@@ -268,6 +269,16 @@ job_tags = sa.Table(
     _column("tag", ExactString(64), primary_key=True),
     # A tag's jobs newest first, for the lists; the key serves deleting a job's tags.
     sa.Index("ix_sqlqueue_job_tags_tag_job_id", "tag", "job_id"),
+)
+
+#: The payload of a job too large to keep in its row (core/bigpayloads.py): the row's
+#: ``payload`` holds a marker, this its arguments. Written with such a job only,
+#: deleted with it; keyed by the job's id (no foreign key, as no table here has one).
+payloads = sa.Table(
+    PAYLOADS_TABLE,
+    metadata,
+    _column("job_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    _column("payload", LongText()),
 )
 
 #: A batch of jobs with callbacks (core/batches.py): its members carry its id in

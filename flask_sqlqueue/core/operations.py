@@ -29,6 +29,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import audit as audit_log
+from . import bigpayloads
 from . import lifecycle
 from . import periodic
 from . import queries
@@ -221,7 +222,7 @@ def replay_edited(
         row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
         if row is None:
             raise InvalidTransition(f"No job with id {job_id}; nothing replayed.")
-        job = Job.from_row(row)
+        job = Job.from_row(bigpayloads.full_row(conn, row))
         # First: a job in the wrong state is refused as such, whatever its new arguments.
         replayed = lifecycle.replay(conn, [job_id], now)
         before: dict[str, Any] = {}
@@ -244,7 +245,12 @@ def replay_edited(
         if priority is not None and priority != job.priority:
             before["priority"], after["priority"] = job.priority, priority
             values["priority"] = priority
-        if values:
+        if "payload" in values:
+            payload, limit = values["payload"], store.settings.inline_payload_limit
+            values = bigpayloads.row_values(values, limit)
+            lifecycle.change_replayed(conn, job_id, values)
+            bigpayloads.rewrite(conn, job_id, payload, limit)
+        elif values:
             lifecycle.change_replayed(conn, job_id, values)
         if audit is not None:
             detail = {"before": before, "after": after} if after else None

@@ -27,6 +27,11 @@ MAX_DEPTH = 100
 MAX_INT_DIGITS = 4300
 # Ints this small have fewer than 640 digits, which Python converts whatever its limit.
 _SMALL_INT_BITS = 2100
+#: What the row of a job holds when its payload is kept outside it, in
+#: ``sqlqueue_payloads`` (core/bigpayloads.py). No payload is ever this text, and its
+#: ``args`` are no list: read in place of the real one, it is refused as malformed,
+#: never taken for a call without arguments.
+OUTSIDE = '{"args":null,"kwargs":null,"outside":"sqlqueue_payloads"}'
 
 
 def check(value: object, path: str, _parents: frozenset[int] = frozenset()) -> None:
@@ -120,6 +125,8 @@ def decode_payload(text: str) -> tuple[list[Any], dict[str, Any]]:
 def decode_call(text: str) -> tuple[list[Any], dict[str, Any], int]:
     """A stored payload's arguments and the version of the task they were written for
     (1 when it names none: every payload written before tasks had versions)."""
+    if text == OUTSIDE:
+        raise ValueError("the payload is kept in sqlqueue_payloads and was not found there")
     data = _loads(text)
     if not isinstance(data, dict):
         raise ValueError("payload is not a JSON object")

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..config import Settings
+from . import bigpayloads
 from . import dependencies
 from . import tags
 from .models import JobStatus
@@ -79,6 +80,7 @@ def prune_jobs_batch(conn: Connection, status: str, before: datetime, limit: int
     deleted = int(conn.execute(sa.delete(jobs).where(jobs.c.id.in_(ids), old)).rowcount)
     dependencies.forget(conn, ids)
     tags.forget(conn, ids)
+    bigpayloads.forget(conn, ids)
     return deleted
 
 

@@ -33,6 +33,7 @@ from sqlalchemy.engine import make_url
 from ..config import Settings
 from ..exceptions import DatabaseFileChanged
 from ..exceptions import QueueUnavailable
+from . import bigpayloads
 from . import dependencies
 from . import lifecycle
 from . import signals
@@ -375,13 +376,14 @@ class Store:
             return self._insert_unique(conn, values, unique, notify=notify)
         ops = self._ops_for(conn)
         key = values["idempotency_key"]
+        row = bigpayloads.row_values(values, self.settings.inline_payload_limit)
         for _ in range(3):
-            job_id = ops.enqueue_job(conn, values) if notify else ops.insert_job(conn, values)
+            job_id = ops.enqueue_job(conn, row) if notify else ops.insert_job(conn, row)
             if job_id is not None:
-                return self._new_job(job_id, values)
+                return self._new_job(conn, job_id, values)
             existing = conn.execute(sa.select(jobs).where(jobs.c.idempotency_key == key)).first()
             if existing is not None:
-                return Job.from_row(existing, self)
+                return self._job(conn, existing)
             # The holder of the key was deleted between our insert and our read: try again.
         raise RuntimeError(f"Could not insert or find the job with idempotency key {key!r}.")
 
@@ -411,7 +413,7 @@ class Store:
                     sa.select(jobs).where(jobs.c.idempotency_key == idempotency_key)
                 ).first()
                 if held is not None:
-                    return Job.from_row(held, self)
+                    return self._job(conn, held)
             row = uniqueness.holder(conn, key, locking=refused)
             if row is not None:
                 if uniqueness.holds(row, unique, now):
@@ -420,9 +422,10 @@ class Store:
                         return found
                     continue  # it started meanwhile: judge it again
                 uniqueness.free(conn, row.id, key, unique, now)
-            job_id = ops.insert_unique(conn, values, notify=notify)
+            inserted = bigpayloads.row_values(values, self.settings.inline_payload_limit)
+            job_id = ops.insert_unique(conn, inserted, notify=notify)
             if job_id is not None:
-                return self._new_job(job_id, values)
+                return self._new_job(conn, job_id, values)
             refused = True
         raise RuntimeError(f"Could not insert or find the job with unique key {key!r}.")
 
@@ -440,13 +443,18 @@ class Store:
         ``replace`` and ``row`` not started, ``row`` given the call's arguments and
         ``run_at``; ``None`` if it started before the write could change it."""
         if unique.on_conflict != "replace" or row.status not in uniqueness.NOT_STARTED:
-            return Job.from_row(row, self)
-        if not uniqueness.replace(conn, row.id, row.unique_key, values):
+            return self._job(conn, row)
+        limit = self.settings.inline_payload_limit
+        if not uniqueness.replace(
+            conn, row.id, row.unique_key, bigpayloads.row_values(values, limit)
+        ):
             return None
+        # Its new payload in its row or outside it, whichever way the old one was kept.
+        bigpayloads.rewrite(conn, row.id, values["payload"], limit)
         if notify:
             ops.notify(conn)  # it may be due sooner than it was
         fresh = conn.execute(sa.select(jobs).where(jobs.c.id == row.id)).one()
-        return Job.from_row(fresh, self)
+        return self._job(conn, fresh)
 
     def _insert_many(
         self, conn: Connection, rows: list[dict[str, Any]], *, notify: bool = True
@@ -455,6 +463,9 @@ class Store:
         (``DialectOps.insert_jobs``), ids in the order of ``rows``; a row whose key a job
         holds already, or an earlier row of ``rows``, gives that job."""
         ops = self._ops_for(conn)
+        limit = self.settings.inline_payload_limit
+        # Big payloads outside the rows: the multi-row INSERTs carry their markers.
+        inserted = [bigpayloads.row_values(row, limit) for row in rows]
         made: list[Job | None] = [None] * len(rows)
         first: dict[str, int] = {}  # idempotency key -> index of its first call
         repeats: list[tuple[int, int]] = []  # (index, index of the first call with its key)
@@ -469,12 +480,15 @@ class Store:
             todo.append(index)
         for _ in range(3):
             held: list[int] = []  # calls whose key another job holds
-            ids = ops.insert_jobs(conn, [rows[i] for i in todo]) if todo else []
+            ids = ops.insert_jobs(conn, [inserted[i] for i in todo]) if todo else []
+            fresh: list[tuple[int, str]] = []
             for index, job_id in zip(todo, ids, strict=True):
                 if job_id is None:
                     held.append(index)
                 else:
-                    made[index] = self._new_job(job_id, rows[index])
+                    made[index] = Job.inserted(job_id, rows[index], self)
+                    fresh.append((job_id, rows[index]["payload"]))
+            bigpayloads.keep(conn, fresh, limit)
             holders = self._holders(conn, [rows[i]["idempotency_key"] for i in held])
             todo = []
             for index in held:
@@ -482,7 +496,7 @@ class Store:
                 if holder is None:  # deleted between our insert and our read: try again
                     todo.append(index)
                 else:
-                    made[index] = Job.from_row(holder, self)
+                    made[index] = self._job(conn, holder)
             if not todo:
                 break
         else:
@@ -503,9 +517,20 @@ class Store:
             found.update((row.idempotency_key, row) for row in rows)
         return found
 
-    def _new_job(self, job_id: int, values: dict[str, Any]) -> Job:
-        """The Job for a row just inserted with ``values`` (saves reading it back)."""
+    def _new_job(self, conn: Connection, job_id: int, values: dict[str, Any]) -> Job:
+        """The Job for a row just inserted with ``values`` (saves reading it back), its
+        payload kept outside the row if it is big (:func:`bigpayloads.row_values`)."""
+        bigpayloads.keep(conn, [(job_id, values["payload"])], self.settings.inline_payload_limit)
         return Job.inserted(job_id, values, self)
+
+    def _job(self, conn: Connection, row: Any) -> Job:
+        """The Job of a row read whole, with its payload if kept outside the row."""
+        return Job.from_row(bigpayloads.full_row(conn, row), self)
+
+    def jobs_from_rows(self, conn: Connection, rows: Sequence[Any]) -> list[Job]:
+        """The Jobs of rows of ``sqlqueue_jobs`` read whole on ``conn``, their payloads
+        kept outside the rows read with them (one more SELECT, only if any is)."""
+        return [Job.from_row(row, self) for row in bigpayloads.full(conn, rows)]
 
     def caller_connection(self, target: Session | scoped_session[Any] | Connection) -> Connection:
         """The connection of a caller's ``session=``, checked to be on the queue's own
@@ -690,7 +715,7 @@ class Store:
     def get_job(self, job_id: int) -> Job | None:
         with self.read() as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
-        return None if row is None else Job.from_row(row, self)
+            return None if row is None else self._job(conn, row)
 
     # -- waiting for jobs to finish --------------------------------------------------------
 
