@@ -476,3 +476,61 @@ def test_a_child_over_max_memory_is_replaced_after_its_attempt(
     assert len(done) == len(jobs)  # none ran twice
     over = [line for line in err.read_text().splitlines() if "over its limit" in line]
     assert [line.split("child process ")[1].split()[0] for line in over] == [first, second]
+
+
+# -- stopping --------------------------------------------------------------------------------
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The worker's child processes that run tasks (not multiprocessing's resource
+    tracker, which exits on its own once the worker is gone)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+    return found
+
+
+def test_an_idle_process_worker_stops_at_sigterm_with_its_children_and_port(
+    make_app: Any, database_uri: str
+) -> None:
+    make_app()
+    port = free_port()
+    # A poll interval far longer than the waits below: the stop cannot wait for a poll.
+    args = ("--processes", "2", "--poll-interval", "3600", "--metrics-port", str(port))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flask", "queue", "work", *args],
+        env=flask_env(database_uri),
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # the children are up before the start line
+            if " started: " in line:
+                break
+        children = _spawned_children(proc.pid)
+        assert len(children) == 2, children
+        wait_for(lambda: get(port, "/readyz")[0] == 200, "the worker ready")
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=scaled(60))
+        took = time.monotonic() - sent
+        rest = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    assert code == 0, rest
+    # Measured idle: 0.3-0.8 s from SIGTERM to exit (children and port included).
+    assert took < scaled(10), took
+    stopping = rest.index("SIGTERM: finishing running jobs")
+    assert rest.index("stopped: asked to stop; 0 job(s) handed back to pending") > stopping
+    # The worker waited for its children: none outlives it, none was left to the
+    # parent-death watch that would end it a second later.
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], children
+    with pytest.raises(OSError):  # the port closed with the process
+        get(port, "/healthz")
