@@ -88,6 +88,22 @@ def record(path: str, tag: str, seconds: float = 0.0) -> str:
     return tag
 
 
+#: What :func:`hold` keeps: a leak, for as long as the process lives.
+_held: list[bytes] = []
+
+
+@queue.task
+def hold(path: str, tag: str, mib: int = 0, until: str | None = None) -> None:
+    """Keeps ``mib`` MiB for good (a leak), waits for the file ``until`` if given, then
+    appends ``done tag id attempts pid`` to ``path``."""
+    _held.append(b"\x01" * (mib * 1024 * 1024))  # written, so resident
+    deadline = time.monotonic() + 600
+    while until is not None and not os.path.exists(until) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(path, "a") as fh:
+        fh.write(f"done {tag} {current_job.id} {current_job.attempts} {os.getpid()}\n")
+
+
 @queue.task
 def touch(path: str) -> None:
     Path(path).touch()

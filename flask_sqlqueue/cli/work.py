@@ -74,6 +74,13 @@ WORKER_DEFAULTS = WorkerOptions()
     "attempts and a fresh one takes its place, started during its last attempt.",
 )
 @click.option(
+    "--max-memory-per-child",
+    type=click.IntRange(1, None),
+    metavar="MIB",
+    help="With --processes (or isolate=True tasks): a child process whose resident memory "
+    "is over this many MiB after an attempt exits, and a fresh one takes its place (Linux).",
+)
+@click.option(
     "--claim-ahead",
     type=click.IntRange(0, 10_000),
     default=WORKER_DEFAULTS.claim_ahead,
@@ -125,6 +132,7 @@ def work_command(
     grace: float,
     processes: int | None,
     max_jobs_per_child: int | None,
+    max_memory_per_child: int | None,
     claim_ahead: int,
     log_level: str,
     log_format: str,
@@ -145,6 +153,7 @@ def work_command(
     Example:
       flask queue work --queue default --queue mail --concurrency 4
       flask queue work --processes 4 --max-jobs-per-child 1000
+      flask queue work --processes 4 --max-memory-per-child 500
       flask queue work --metrics-port 9100 --metrics-host 0.0.0.0
     """
     for name in queues:
@@ -154,10 +163,12 @@ def work_command(
         raise click.UsageError("Give --processes or --concurrency, not both.")
     state = app_state()
     isolated = any(task.isolate for task in state.registry.values())
-    if max_jobs_per_child and not (processes or isolated):
-        raise click.UsageError(
-            "--max-jobs-per-child recycles child processes: give --processes N too."
-        )
+    for flag, given in (
+        ("--max-jobs-per-child", max_jobs_per_child),
+        ("--max-memory-per-child", max_memory_per_child),
+    ):
+        if given and not (processes or isolated):
+            raise click.UsageError(f"{flag} recycles child processes: give --processes N too.")
     logcontext.configure(
         logging.getLevelNamesMapping()[log_level.upper()], json_lines=log_format == "json"
     )
@@ -169,6 +180,7 @@ def work_command(
         processes=processes or 0,
         claim_ahead=claim_ahead,
         max_jobs_per_child=max_jobs_per_child or 0,
+        max_memory_per_child=max_memory_per_child or 0,
     )
     loader = None
     if processes or isolated:

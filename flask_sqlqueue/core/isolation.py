@@ -12,7 +12,10 @@ to tell whether a child still runs), loads the app once through a picklable
 :class:`RuntimeLoader`, then runs one attempt at a time sent over a pipe. A child thrown
 away is replaced at once, in the background, so the next attempt rarely waits for one.
 With ``max_jobs`` (``--max-jobs-per-child``) a child is retired after that many attempts,
-between two of them; its successor starts with its last one.
+between two of them; its successor starts with its last one. With ``max_memory``
+(``--max-memory-per-child``) a child whose resident memory is over the limit, once a
+second while it runs an attempt or as the attempt ends, is retired after that attempt;
+its successor starts the moment the parent sees it over.
 ``current_job`` works inside it, and ``reserve_effect`` writes through the child's own
 engine, fenced by the attempt's claim token as in a thread.
 
@@ -84,6 +87,8 @@ TIMEOUT_KIND = "JobTimeout"
 DIED_KIND = "JobProcessDied"
 #: The error type recorded when no child process could be started for an attempt.
 START_KIND = "JobProcessStartFailed"
+#: Bytes in a MiB, the unit of ``max_memory``.
+MIB = 1024 * 1024
 
 
 class ChildRuntime(NamedTuple):
@@ -167,11 +172,12 @@ class _Child:
         self.ready = False
         #: Attempts sent to it; with ``max_jobs`` it is retired after that many.
         self.jobs = 0
-        #: Whether its successor was started already (ahead of its last attempt).
+        #: Whether its successor was started already: it is retired after this attempt.
         self.succeeded = False
         # A busy child may be stopped by its job's thread (a timeout, a lost claim) and
         # by the worker's shutdown at once: the pipe must be closed once.
         self._stop_lock = threading.Lock()
+        self._asked = False
 
     @property
     def pid(self) -> int | None:
@@ -245,12 +251,19 @@ class _Child:
                 process.join(10)
             self.conn.close()
 
-    def shut_down(self, grace: float) -> None:
-        """Ask an idle child to exit, then make sure it did."""
+    def ask_to_exit(self) -> None:
+        """Ask an idle child to exit (once), without waiting for it."""
+        if self._asked:
+            return
+        self._asked = True
         try:
             self.conn.send(None)
         except (OSError, ValueError):
             pass  # already gone
+
+    def shut_down(self, grace: float) -> None:
+        """Ask an idle child to exit, then make sure it did."""
+        self.ask_to_exit()
         self.process.join(grace)
         self.stop(grace)
 
@@ -275,11 +288,18 @@ class Isolation:
         successor is started when it takes its last one, so that it has loaded the app by
         the time the slot needs it; the retired child exits between attempts, never
         during one.
+    :param max_memory: retire a child, after its attempt, once its resident memory is over
+        this many MiB (``None``: never); see :func:`resident_memory`. Its successor is
+        started when the parent sees it over: during a long attempt (checked with the
+        cancel request, once a second), or as the attempt ends.
     """
 
-    def __init__(self, loader: RuntimeLoader, max_jobs: int | None = None) -> None:
+    def __init__(
+        self, loader: RuntimeLoader, max_jobs: int | None = None, max_memory: int | None = None
+    ) -> None:
         self.loader = loader
         self.max_jobs = max_jobs
+        self.max_memory = max_memory
         self._lock = threading.Lock()
         self._idle: list[_Child] = []
         self._busy: set[_Child] = set()
@@ -317,6 +337,7 @@ class Isolation:
             raise ConfigurationError(
                 f"The worker's child processes cannot run tasks: {exc.message}.{detail}"
             ) from None
+        self._warn_if_born_over(children)
         with self._lock:
             self._idle.extend(children)
 
@@ -336,21 +357,22 @@ class Isolation:
         self._count(child)
         try:
             try:
-                outcome = child.run(message, timeout, cancelled, ctx.id)
+                outcome = child.run(message, timeout, self._polled(child, cancelled), ctx.id)
             except (BrokenPipeError, ConnectionResetError):
                 # It died while idle, before the attempt began: a fresh child runs it.
                 child.stop(KILL_GRACE)
                 self._release(child, keep=False)
                 child = self._acquire()
                 self._count(child)
-                outcome = child.run(message, timeout, cancelled, ctx.id)
+                outcome = child.run(message, timeout, self._polled(child, cancelled), ctx.id)
         except BaseException:
             self._release(child, keep=False)
             if self._closing:
                 # The worker is shutting down and handed this job back already.
                 raise ClaimLost(ctx.id) from None
             raise
-        if self.max_jobs is not None and child.jobs >= self.max_jobs:
+        self._check_memory(child)  # the attempt's leak, if any, is resident now
+        if child.succeeded:  # its successor is on its way (max_jobs or max_memory)
             self._retire(child)
         else:
             self._release(child, keep=True)
@@ -364,6 +386,8 @@ class Isolation:
             busy = list(self._busy)
         for child in busy:
             child.stop(KILL_GRACE)
+        for child in idle:  # all asked first: they unload their apps side by side
+            child.ask_to_exit()
         for child in idle:
             child.shut_down(KILL_GRACE)
 
@@ -373,6 +397,49 @@ class Isolation:
         if self.max_jobs is not None and child.jobs >= self.max_jobs and not child.succeeded:
             child.succeeded = True
             self._add_spare()
+
+    def _polled(self, child: _Child, cancelled: Callable[[], bool]) -> Callable[[], bool]:
+        """What ``child`` calls once a second while it runs an attempt: the cancel
+        request, and with ``max_memory`` its resident memory."""
+        if self.max_memory is None:
+            return cancelled
+
+        def poll() -> bool:
+            self._check_memory(child)
+            return cancelled()
+
+        return poll
+
+    def _check_memory(self, child: _Child) -> None:
+        """With ``max_memory``: a child over it gets its successor started now, and is
+        retired after its attempt."""
+        if self.max_memory is None or child.succeeded or child.pid is None:
+            return
+        used = resident_memory(child.pid)
+        if used is None or used <= self.max_memory * MIB:
+            return
+        log.info(
+            "child process %s uses %d MiB, over its limit of %d MiB: replaced after its attempt",
+            child.pid,
+            used // MIB,
+            self.max_memory,
+        )
+        child.succeeded = True
+        self._add_spare()
+
+    def _warn_if_born_over(self, children: list[_Child]) -> None:
+        """Say so when fresh children are over ``max_memory`` already: each would then
+        be replaced after every attempt."""
+        if self.max_memory is None:
+            return
+        used = max((resident_memory(child.pid or 0) or 0) for child in children)
+        if used > self.max_memory * MIB:
+            log.warning(
+                "child processes use %d MiB once the app is loaded, over their limit of "
+                "%d MiB: each will be replaced after every attempt; raise the limit",
+                used // MIB,
+                self.max_memory,
+            )
 
     def _retire(self, child: _Child) -> None:
         """Let ``child``, done with its attempts, exit (its successor is on its way): on a
@@ -433,6 +500,28 @@ class Isolation:
                 self._idle.append(spare)
                 return
         spare.stop(0)
+
+
+def resident_memory(pid: int) -> int | None:
+    """The resident memory of process ``pid`` in bytes, or ``None`` where unknown (the
+    process is gone, or the system has no ``/proc``: macOS, Windows).
+
+    It is ``VmRSS`` from ``/proc/<pid>/status``, read by the parent: the size now, from
+    the kernel's own counters, readable while the child runs an attempt and whatever the
+    child is doing. ``resource.getrusage`` in the child would give ``ru_maxrss``, the
+    peak instead (a child over the limit once would stay over it) and in a unit that
+    differs by system; ``/proc/self/statm`` in the child reads the same counter as
+    ``VmRSS`` but would need the child to report it. The child is the parent's own and
+    not yet reaped, so its pid cannot name another process meanwhile.
+    """
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"VmRSS:"):
+                    return int(line.split()[1]) * 1024  # "VmRSS:   53160 kB"
+    except (OSError, ValueError, IndexError):
+        return None
+    return None  # a zombie has no VmRSS line
 
 
 def _fields(ctx: JobContext) -> dict[str, Any]:

@@ -172,7 +172,11 @@ class Runner:
         self._isolation = (
             None
             if loader is None
-            else Isolation(loader, max_jobs=options.max_jobs_per_child or None)
+            else Isolation(
+                loader,
+                max_jobs=options.max_jobs_per_child or None,
+                max_memory=options.max_memory_per_child or None,
+            )
         )
 
     def run(self, attempt: Attempt) -> Outcome:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 from dataclasses import dataclass
 
 from ...config import default
 from ...exceptions import ConfigurationError
+from ..isolation import resident_memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +37,9 @@ class WorkerOptions:
     #: so a task that leaks memory cannot grow a child forever. Its successor starts
     #: while it runs its last attempt.
     max_jobs_per_child: int = 0
+    #: A child process whose resident memory is over this many MiB after an attempt is
+    #: replaced (0: never); read from ``/proc``, so only where there is one (Linux).
+    max_memory_per_child: int = 0
 
     def __post_init__(self) -> None:
         if type(self.processes) is not int or self.processes < 0:
@@ -48,6 +54,15 @@ class WorkerOptions:
         if type(self.max_jobs_per_child) is not int or self.max_jobs_per_child < 0:
             raise ConfigurationError(
                 f"max_jobs_per_child must be 0 or more, got {self.max_jobs_per_child!r}."
+            )
+        if type(self.max_memory_per_child) is not int or self.max_memory_per_child < 0:
+            raise ConfigurationError(
+                f"max_memory_per_child must be 0 or more MiB, got {self.max_memory_per_child!r}."
+            )
+        if self.max_memory_per_child and resident_memory(os.getpid()) is None:
+            raise ConfigurationError(
+                "max_memory_per_child reads a child's resident memory from /proc/<pid>/status, "
+                f"which this system ({sys.platform}) does not have; use max_jobs_per_child."
             )
         if type(self.claim_ahead) is not int or self.claim_ahead < 0:
             raise ConfigurationError(f"claim_ahead must be 0 or more, got {self.claim_ahead!r}.")
