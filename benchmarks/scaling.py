@@ -399,6 +399,9 @@ class Window:
     exclude: set[int]
     first: Reading | None = None
     fallback: Reading | None = None
+    #: The first poll's reading, before any job may have finished: the window's last
+    #: resort when every job finished before the first reading after one did.
+    start: Reading | None = None
     last: Reading | None = None
     started: set[int] = field(default_factory=set)
 
@@ -418,6 +421,8 @@ class Window:
         return len(self.started) == workers.count
 
     def poll(self, count: int, workers: Workers) -> None:
+        if self.start is None:
+            self.start = self._read(count, workers)
         if self.first is not None or count == 0:
             return
         if self._all_started(workers):
@@ -481,6 +486,12 @@ def measure(
         counts = system.counts - counts_before
         first = window.first or window.fallback
         last = window.last
+        startup = window.first is None
+        if last is not None and (first is None or last.count <= first.count):
+            # Every job finished between two readings (a loaded machine's slow polls):
+            # the window opens at the drain's first reading, start-up included.
+            if window.start is not None and last.count > window.start.count:
+                first, startup = window.start, True
         if first is None or last is None or last.count <= first.count:
             raise BenchError("too few jobs finished between the readings to measure")
         values = _drain_figures(server, before_quiet, before, first, last, after, counts)
@@ -497,7 +508,7 @@ def measure(
         if lifecycle:
             values |= _phase(server, "fill", filling, filled, sizes.jobs, others)
             values |= _lifecycle(system, server, finished, max(1, sizes.jobs // 20), others)
-    return Run(values, startup_in_window=window.first is None)
+    return Run(values, startup_in_window=startup)
 
 
 def _drain_figures(
@@ -800,8 +811,9 @@ def report(
         "benchmark's drain rate (its window opens while later workers may still be "
         "starting); every other figure is read over the window from the first count after "
         "every worker logged its start to the last count (`†`: the queue emptied before "
-        "every worker had started, so the window opens at the first finished job and "
-        "includes start-up).",
+        "every worker had started, so the window opens at the first finished job, or at "
+        "the drain's first reading if every job finished before the next, and includes "
+        "start-up).",
         "",
         "- *DB CPU, its connections*: user + system CPU of the server processes "
         "(PostgreSQL backends) or threads (MariaDB, `PROCESSLIST.TID`) serving the workers' "
