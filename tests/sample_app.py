@@ -105,6 +105,13 @@ def hold(path: str, tag: str, mib: int = 0, until: str | None = None) -> None:
 
 
 @queue.task
+def linger(path: str) -> None:
+    """Writes its process's id to ``path``, then waits (to be killed)."""
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+@queue.task
 def touch(path: str) -> None:
     Path(path).touch()
 

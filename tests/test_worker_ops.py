@@ -9,6 +9,7 @@ database that refuses connections).
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import sqlite3
@@ -476,6 +477,53 @@ def test_a_child_over_max_memory_is_replaced_after_its_attempt(
     assert len(done) == len(jobs)  # none ran twice
     over = [line for line in err.read_text().splitlines() if "over its limit" in line]
     assert [line.split("child process ")[1].split()[0] for line in over] == [first, second]
+
+
+@pytest.mark.sqlite_only
+def test_a_spare_child_runs_the_next_job_when_a_child_is_killed(
+    make_app: Any, database_uri: str, tmp_path: Path
+) -> None:
+    app = make_app()
+    pid_file, log, err = tmp_path / "pid", tmp_path / "ran.log", tmp_path / "worker.err"
+    with app.app_context():
+        doomed = sample_app.linger.using(max_attempts=1).enqueue(str(pid_file))
+        after = sample_app.hold.enqueue(str(log), "after")
+    args = ("--processes", "1", "--spare-children", "1", "--poll-interval", "0.2")
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flask", "queue", "work", *args],
+            env=flask_env(database_uri),
+            cwd=ROOT,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), "the first job started")
+        busy = int(pid_file.read_text())
+        # Beside the busy child, a spare that has loaded the app, started before any kill.
+        wait_for(lambda: set(_spawned_children(proc.pid)) - {busy}, "a spare child")
+        (spare,) = set(_spawned_children(proc.pid)) - {busy}
+        os.kill(busy, signal.SIGKILL)
+        wait_for(lambda: log.exists() and "done after" in log.read_text(), "the next job ran")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=WAIT) == 0, err.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (line,) = log.read_text().splitlines()
+    assert int(line.split()[4]) == spare  # the spare ran it: no wait for a fresh child
+    with app.app_context():
+        assert doomed.refresh().status == "dead"  # its one attempt was lost with its child
+        assert (after.refresh().status, after.attempts) == ("completed", 1)
+
+
+@pytest.mark.sqlite_only
+def test_spare_children_need_child_processes(make_app: Any, database_uri: str) -> None:
+    make_app()
+    result = run_flask(database_uri, "queue", "work", "--burst", "--spare-children", "1")
+    assert result.returncode == 2
+    assert "--spare-children keeps child processes: give --processes N too." in result.stderr
 
 
 # -- stopping --------------------------------------------------------------------------------

@@ -81,6 +81,14 @@ WORKER_DEFAULTS = WorkerOptions()
     "is over this many MiB after an attempt exits, and a fresh one takes its place (Linux).",
 )
 @click.option(
+    "--spare-children",
+    type=click.IntRange(0, 64),
+    default=0,
+    show_default=True,
+    help="With --processes: keep this many idle child processes started beyond the busy "
+    "ones, so a child killed or recycled leaves no job waiting for a fresh interpreter.",
+)
+@click.option(
     "--claim-ahead",
     type=click.IntRange(0, 10_000),
     default=WORKER_DEFAULTS.claim_ahead,
@@ -133,6 +141,7 @@ def work_command(
     processes: int | None,
     max_jobs_per_child: int | None,
     max_memory_per_child: int | None,
+    spare_children: int,
     claim_ahead: int,
     log_level: str,
     log_format: str,
@@ -154,6 +163,7 @@ def work_command(
       flask queue work --queue default --queue mail --concurrency 4
       flask queue work --processes 4 --max-jobs-per-child 1000
       flask queue work --processes 4 --max-memory-per-child 500
+      flask queue work --processes 4 --spare-children 1
       flask queue work --metrics-port 9100 --metrics-host 0.0.0.0
     """
     for name in queues:
@@ -169,6 +179,8 @@ def work_command(
     ):
         if given and not (processes or isolated):
             raise click.UsageError(f"{flag} recycles child processes: give --processes N too.")
+    if spare_children and not processes:
+        raise click.UsageError("--spare-children keeps child processes: give --processes N too.")
     logcontext.configure(
         logging.getLevelNamesMapping()[log_level.upper()], json_lines=log_format == "json"
     )
@@ -181,6 +193,7 @@ def work_command(
         claim_ahead=claim_ahead,
         max_jobs_per_child=max_jobs_per_child or 0,
         max_memory_per_child=max_memory_per_child or 0,
+        spare_children=spare_children,
     )
     loader = None
     if processes or isolated:

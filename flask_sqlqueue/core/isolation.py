@@ -292,14 +292,22 @@ class Isolation:
         this many MiB (``None``: never); see :func:`resident_memory`. Its successor is
         started when the parent sees it over: during a long attempt (checked with the
         cancel request, once a second), or as the attempt ends.
+    :param spares: idle children kept started beyond the busy ones: each time an attempt
+        takes an idle child and fewer than this many are left idle, one more is started,
+        so that a child killed during an attempt is replaced by one that is ready.
     """
 
     def __init__(
-        self, loader: RuntimeLoader, max_jobs: int | None = None, max_memory: int | None = None
+        self,
+        loader: RuntimeLoader,
+        max_jobs: int | None = None,
+        max_memory: int | None = None,
+        spares: int = 0,
     ) -> None:
         self.loader = loader
         self.max_jobs = max_jobs
         self.max_memory = max_memory
+        self.spares = spares
         self._lock = threading.Lock()
         self._idle: list[_Child] = []
         self._busy: set[_Child] = set()
@@ -461,13 +469,17 @@ class Isolation:
         child = None
         with self._lock:
             while self._idle and child is None:
-                candidate = self._idle.pop()
+                # The longest started first: a spare started just now may still be loading.
+                candidate = self._idle.pop(0)
                 if candidate.process.is_alive():
                     child = candidate
                 else:
                     candidate.stop(0)
             if child is not None:
                 self._busy.add(child)
+            short = self.spares and not self._closing and len(self._idle) < self.spares
+        if short:
+            self._add_spare()  # it loads the app while this attempt runs
         if child is None:
             child = self._new_child()
             with self._lock:

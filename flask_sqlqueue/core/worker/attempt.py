@@ -176,6 +176,7 @@ class Runner:
                 loader,
                 max_jobs=options.max_jobs_per_child or None,
                 max_memory=options.max_memory_per_child or None,
+                spares=options.spare_children,
             )
         )
 
@@ -263,7 +264,7 @@ class Runner:
         if self._isolation is not None:
             self._isolation.reopen()
             if self._options.processes:
-                self._isolation.prestart(self._options.processes)
+                self._isolation.prestart(self._options.processes + self._options.spare_children)
         soft = sorted(
             name
             for name, task in self._registry.items()

@@ -40,6 +40,10 @@ class WorkerOptions:
     #: A child process whose resident memory is over this many MiB after an attempt is
     #: replaced (0: never); read from ``/proc``, so only where there is one (Linux).
     max_memory_per_child: int = 0
+    #: Idle child processes kept started beyond the running ones (0: none), so that a
+    #: child killed during an attempt (or recycled) leaves no slot waiting for a fresh
+    #: interpreter: the next job takes a spare that has loaded the app already.
+    spare_children: int = 0
 
     def __post_init__(self) -> None:
         if type(self.processes) is not int or self.processes < 0:
@@ -58,6 +62,10 @@ class WorkerOptions:
         if type(self.max_memory_per_child) is not int or self.max_memory_per_child < 0:
             raise ConfigurationError(
                 f"max_memory_per_child must be 0 or more MiB, got {self.max_memory_per_child!r}."
+            )
+        if type(self.spare_children) is not int or self.spare_children < 0:
+            raise ConfigurationError(
+                f"spare_children must be 0 or more, got {self.spare_children!r}."
             )
         if self.max_memory_per_child and resident_memory(os.getpid()) is None:
             raise ConfigurationError(
