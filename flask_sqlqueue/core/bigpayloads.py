@@ -14,7 +14,6 @@ side rows in its transaction (:func:`forget`).
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from collections.abc import Iterable
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -24,14 +23,10 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .models import jobs
 from .models import payloads
 from .payload import OUTSIDE
 
 R = TypeVar("R")
-
-#: Job ids per statement (far below any database's bound parameters).
-_IDS_PER_STATEMENT = 1_000
 
 
 def oversize(payload: str, limit: int) -> bool:
@@ -102,18 +97,3 @@ def _with_payload(row: Any, found: dict[int, str]) -> Any:
         return row
     # A copy read by attribute, as the row is (Job.from_row, the worker's attempt).
     return SimpleNamespace(**{**row._asdict(), "payload": payload})
-
-
-_GONE = ~sa.exists().where(jobs.c.id == payloads.c.job_id)
-
-
-def forget(conn: Connection, job_ids: Collection[int] | None = None) -> None:
-    """Delete the side rows of those of ``job_ids`` that are gone (deleted or purged in
-    this transaction); of every job that is gone with ``None``."""
-    if job_ids is None:
-        conn.execute(sa.delete(payloads).where(_GONE))
-        return
-    ids = sorted(job_ids)
-    for start in range(0, len(ids), _IDS_PER_STATEMENT):
-        chunk = ids[start : start + _IDS_PER_STATEMENT]
-        conn.execute(sa.delete(payloads).where(payloads.c.job_id.in_(chunk), _GONE))

@@ -391,21 +391,6 @@ def depends_on(conn: Connection, job_ids: Collection[int]) -> dict[int, list[int
     return found
 
 
-_GONE = ~sa.exists().where(jobs.c.id == dependencies.c.job_id)
-
-
-def forget(conn: Connection, job_ids: Collection[int] | None = None) -> None:
-    """Delete the edges of those of the jobs ``job_ids`` that are gone (deleted or
-    purged; every job that is gone with ``None``): what they waited for. Edges that
-    name them as a dependency stay with their dependent: a dependency that is gone
-    counts as completed."""
-    if job_ids is None:
-        conn.execute(sa.delete(dependencies).where(_GONE))
-        return
-    for chunk in _chunks(job_ids):
-        conn.execute(sa.delete(dependencies).where(dependencies.c.job_id.in_(chunk), _GONE))
-
-
 # -- reading ---------------------------------------------------------------------------------
 
 

@@ -25,9 +25,8 @@ from sqlalchemy.engine import Connection
 
 from ..config import default
 from ..exceptions import SQLQueueError
-from . import bigpayloads
 from . import dependencies
-from . import tags
+from . import retention
 from .dialects import DialectOps
 from .dialects.base import COMPLETE_ONE
 from .dialects.base import complete_one_params
@@ -692,9 +691,7 @@ def purge(conn: Connection, status: str, before: datetime) -> int:
         sa.delete(jobs).where(jobs.c.status == status, jobs.c.updated_at < before)
     ).rowcount
     if purged:
-        dependencies.forget(conn)
-        tags.forget(conn)
-        bigpayloads.forget(conn)
+        retention.forget_deleted(conn)
     return purged
 
 
@@ -709,9 +706,7 @@ def delete(conn: Connection, ids: Sequence[int], now: datetime | None = None) ->
     deleted = conn.execute(
         sa.delete(jobs).where(jobs.c.id.in_(ids), jobs.c.status != RUNNING)
     ).rowcount
-    dependencies.forget(conn, ids)
-    tags.forget(conn, ids)
-    bigpayloads.forget(conn, ids)
+    retention.forget_deleted(conn, ids)
     return deleted
 
 

@@ -13,6 +13,7 @@ never repeat an effect whose job is still around.
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from datetime import timedelta
@@ -21,12 +22,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..config import Settings
-from . import bigpayloads
-from . import dependencies
-from . import tags
 from .models import JobStatus
+from .models import dependencies
 from .models import effects
+from .models import job_tags
 from .models import jobs
+from .models import payloads
 
 #: Rows deleted per transaction.
 BATCH = 500
@@ -78,10 +79,31 @@ def prune_jobs_batch(conn: Connection, status: str, before: datetime, limit: int
     if not ids:
         return 0
     deleted = int(conn.execute(sa.delete(jobs).where(jobs.c.id.in_(ids), old)).rowcount)
-    dependencies.forget(conn, ids)
-    tags.forget(conn, ids)
-    bigpayloads.forget(conn, ids)
+    forget_deleted(conn, ids)
     return deleted
+
+
+#: The tables whose rows belong to one job by its ``job_id``, deleted with it: the
+#: edges of what it waited for (an edge naming it as a dependency stays with its
+#: dependent: a dependency that is gone counts as completed), its tag rows, and its
+#: payload kept outside the row.
+_BELONGING = (dependencies, job_tags, payloads)
+#: Job ids per DELETE, well within every database's limit on bound parameters.
+_IDS_PER_STATEMENT = 1_000
+
+
+def forget_deleted(conn: Connection, job_ids: Collection[int] | None = None) -> None:
+    """Delete the rows that belong to those of ``job_ids`` that are gone (deleted or
+    purged in this transaction); to every job that is gone with ``None``."""
+    ids = None if job_ids is None else sorted(job_ids)
+    for table in _BELONGING:
+        gone = ~sa.exists().where(jobs.c.id == table.c.job_id)
+        if ids is None:
+            conn.execute(sa.delete(table).where(gone))
+            continue
+        for start in range(0, len(ids), _IDS_PER_STATEMENT):
+            chunk = ids[start : start + _IDS_PER_STATEMENT]
+            conn.execute(sa.delete(table).where(table.c.job_id.in_(chunk), gone))
 
 
 def prune_effects_batch(conn: Connection, before: datetime, limit: int) -> int:
@@ -149,4 +171,4 @@ def describe(policy: RetentionPolicy) -> str:
     )
 
 
-__all__ = ["Pruned", "RetentionPolicy", "describe", "prune"]
+__all__ = ["Pruned", "RetentionPolicy", "describe", "forget_deleted", "prune"]

@@ -42,8 +42,6 @@ _TAG = re.compile(r"[A-Za-z0-9_.:/=+@#%-]+")
 TAG_RULE = (
     f"1-{MAX_TAG_LENGTH} characters, each an ASCII letter, a digit or one of _ . : / = + @ # % -"
 )
-#: Job ids per statement when deleting tags (far below any database's bound parameters).
-_IDS_PER_STATEMENT = 1_000
 
 
 def check_tag(tag: object, what: str = "tag") -> str:
@@ -151,21 +149,6 @@ def tagged(tag: str) -> sa.ColumnElement[bool]:
     """The condition on ``sqlqueue_jobs`` for jobs tagged ``tag`` (exactly), read
     through the tag's index."""
     return jobs.c.id.in_(sa.select(job_tags.c.job_id).where(job_tags.c.tag == tag))
-
-
-_GONE = ~sa.exists().where(jobs.c.id == job_tags.c.job_id)
-
-
-def forget(conn: Connection, job_ids: Collection[int] | None = None) -> None:
-    """Delete the tag rows of those of ``job_ids`` that are gone (deleted or purged in
-    this transaction); of every job that is gone with ``None``."""
-    if job_ids is None:
-        conn.execute(sa.delete(job_tags).where(_GONE))
-        return
-    ids = sorted(job_ids)
-    for start in range(0, len(ids), _IDS_PER_STATEMENT):
-        chunk = ids[start : start + _IDS_PER_STATEMENT]
-        conn.execute(sa.delete(job_tags).where(job_tags.c.job_id.in_(chunk), _GONE))
 
 
 def labels(conn: Connection, job_id: int) -> tuple[list[str], dict[str, Any]]:
