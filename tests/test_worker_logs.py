@@ -49,6 +49,27 @@ def test_json_lines_carry_the_jobs_fields(make_app: Any, database_uri: str) -> N
     )
 
 
+def test_an_attempt_writes_one_line_at_info_and_its_start_at_debug(
+    make_app: Any, database_uri: str
+) -> None:
+    """At the default level each attempt writes the line of its end only; debug adds the
+    line of its start."""
+    app = make_app()
+    done, _ = _enqueue(app)
+    result = run_flask(database_uri, "queue", "work", "--burst")
+    assert result.returncode == 0, result.stderr
+    about_done = [line for line in result.stderr.splitlines() if f"job={done} " in line]
+    assert len(about_done) == 1 and "completed in" in about_done[0], result.stderr
+    assert ": started" not in result.stderr
+    with app.app_context():
+        debugged = sample_app.always_fails.using(max_attempts=1).enqueue("down").id
+    result = run_flask(database_uri, "queue", "work", "--burst", "--log-level", "debug")
+    assert result.returncode == 0, result.stderr
+    about = [line for line in result.stderr.splitlines() if f"job={debugged} " in line]
+    assert [": started" in line for line in about] == [True, False], result.stderr
+    assert "failed, job is dead" in about[1]
+
+
 def test_log_level_leaves_out_the_lines_below_it(make_app: Any, database_uri: str) -> None:
     done, failed = _enqueue(make_app())
     result = run_flask(database_uri, "queue", "work", "--burst", "--log-level", "warning")

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from dataclasses import field
 from datetime import datetime
 from typing import TYPE_CHECKING
 from typing import Any
@@ -62,23 +61,26 @@ class Attempt:
 
     #: The claim's row; its ``claim_token`` fences every write about this attempt.
     job: ClaimedJob
-    #: The prefix of every log line about the attempt.
-    label: str = field(init=False)
-    #: The ``extra`` of those log records (what :mod:`.logcontext` puts on the app's own).
-    extra: dict[str, Any] = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    @property
+    def label(self) -> str:
+        """The prefix of every log line about the attempt. Built when a line is: most
+        attempts of a worker logging at INFO write one line, at WARNING none."""
         job = self.job
-        label = job_label(job.id, job.task, job.attempts, job.max_attempts, job.idempotency_key)
-        object.__setattr__(self, "label", label)
-        extra = {
+        return job_label(job.id, job.task, job.attempts, job.max_attempts, job.idempotency_key)
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """The ``extra`` of those log records (what :mod:`.logcontext` puts on the app's
+        own), built with each line as :attr:`label` is."""
+        job = self.job
+        return {
             "sqlqueue_job_id": job.id,
             "sqlqueue_task": job.task,
             "sqlqueue_attempt": job.attempts,
             "sqlqueue_idempotency_key": job.idempotency_key,
             "sqlqueue_queue": job.queue,
         }
-        object.__setattr__(self, "extra", extra)
 
     @property
     def token(self) -> str:
@@ -217,7 +219,10 @@ class Runner:
             )
             return NotRun("MalformedPayload", str(exc), dead=True)
         ctx = attempt.context(self._store, self._worker_id())
-        log.info("%s: started", attempt.label, extra=attempt.extra)
+        # At DEBUG: the outcome's line says the rest, and with a line per start a
+        # worker of short jobs spent a quarter of its time logging (docs/workers.md).
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: started", attempt.label, extra=attempt.extra)
         started = time.monotonic()
         ended: tuple[bool, Any] | None = None  # (returned, its value or the error)
         try:

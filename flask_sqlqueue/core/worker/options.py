@@ -32,7 +32,7 @@ class WorkerOptions:
     processes: int = 0
     #: At most this many jobs claimed ahead of the free threads while recent jobs are
     #: short (core/worker/dispatch.py); 0 claims only for free threads.
-    claim_ahead: int = 64
+    claim_ahead: int = 256
     #: A child process exits after running this many attempts and is replaced (0: never),
     #: so a task that leaks memory cannot grow a child forever. Its successor starts
     #: while it runs its last attempt.

@@ -354,13 +354,11 @@ class Outcomes:
 
     def _succeeded(self, success: Success) -> None:
         attempt = success.attempt
-        extra = {**attempt.extra, "sqlqueue_outcome": "completed"}
-        log.info(
-            "%s: completed in %.3fs",
-            attempt.label,
-            success.elapsed,
-            extra={**extra, "sqlqueue_duration": round(success.elapsed, 6)},
-        )
+        if log.isEnabledFor(logging.INFO):
+            extra = attempt.extra
+            extra["sqlqueue_outcome"] = "completed"
+            extra["sqlqueue_duration"] = round(success.elapsed, 6)
+            log.info("%s: completed in %.3fs", attempt.label, success.elapsed, extra=extra)
         self._emit(signals.job_succeeded, attempt, result=success.value, duration=success.elapsed)
 
     # -- failures and cancellations ------------------------------------------------------------
