@@ -6,9 +6,10 @@
         [--jobs 20000] [--concurrency 4] [--runs 1] [--output FILE]
 
 For each server and each number of worker processes: a fresh database, a queue of
-``--jobs`` no-op jobs (one bulk enqueue), then ``python -m flask queue work
---concurrency C`` in that many processes until the queue is empty: the peers benchmark's
-``drain`` (benchmarks/peers/harness.py), watched.
+``--jobs`` jobs of the peers benchmark's ``write`` task (one line appended to a file; one
+bulk enqueue), then ``python -m flask queue work --concurrency C`` in that many processes
+until the queue is empty: the peers benchmark's ``drain`` (benchmarks/peers/harness.py),
+watched, finished jobs counted as the lines of the output file.
 
 Where the workers and the server share a few cores, jobs per second saturate on CPU, not
 on the database; so the report also gives what a job costs the database, whatever the
@@ -47,7 +48,6 @@ import contextlib
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import uuid
@@ -55,8 +55,6 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
-from datetime import UTC
-from datetime import datetime
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -71,7 +69,6 @@ from benchmarks.peers.__main__ import postgres_version
 from benchmarks.peers.__main__ import server_version
 from benchmarks.peers.common import DEFAULT_MYSQL
 from benchmarks.peers.common import DEFAULT_POSTGRES
-from benchmarks.peers.common import ROOT
 from benchmarks.peers.common import BenchError
 from benchmarks.peers.common import Workers
 from benchmarks.peers.common import close_counters
@@ -79,7 +76,9 @@ from benchmarks.peers.common import mysql_connect
 from benchmarks.peers.common import pids_named
 from benchmarks.peers.common import stat_cpu
 from benchmarks.peers.common import temp_dir
+from benchmarks.peers.systems import PY
 from benchmarks.peers.systems import Context
+from benchmarks.peers.systems import Setting
 from benchmarks.peers.systems import SQLQueueSystem
 
 #: What a worker logs once it has started (core/worker/__init__.py).
@@ -100,13 +99,19 @@ class CountedSystem(SQLQueueSystem):
         self.counts += 1
         return super()._count(status)
 
+    def worker_argv(self, setting: Setting) -> list[str]:
+        """``python -m flask queue work --concurrency C`` at its default log level: the
+        window opens when every worker has logged its start (``STARTED``)."""
+        return [PY, "-m", "flask", "queue", "work", "--concurrency", str(setting.concurrency)]
+
     def prune_all(self) -> int:
         """Delete every completed job as the workers' retention does: batches of
         ``retention.BATCH`` ids, each in its own write transaction."""
         from benchmarks.peers.app_sqlqueue import queue
         from flask_sqlqueue.core import retention
 
-        store = queue.state().store
+        with self._app.app_context():
+            store = queue.state().store
         later = store.now() + timedelta(days=1)
         total = 0
 
@@ -464,9 +469,10 @@ def measure(
     """One fresh database, filled, drained by ``processes`` workers, read all along;
     with ``lifecycle``, what the fill, the workers' pruning, a VACUUM (PostgreSQL) and
     enqueues of one commit each cost it too."""
-    with system.fresh(), server.attached(system.target):
+    setting = Setting(matched=True, concurrency=concurrency)
+    with system.fresh(setting), server.attached(system.target):
         filling = server.read(set(), 0)
-        harness.fill(system, sizes.jobs)
+        harness.fill(system, sizes.jobs, bulk=True)
         filled = server.read(set(), 0)
         exclude = server.connections()  # the harness's own: the filling app, the counter
         before_quiet = server.read(exclude, 0)
@@ -478,7 +484,7 @@ def measure(
         counts_before = system.counts
         window = Window(server, exclude)
         scratch = harness.Results()
-        harness.drain(system, processes, sizes, scratch, log_dir, concurrency, watch=window)
+        harness.drain(system, processes, sizes, scratch, log_dir, watch=window)
         finished = system.finished()
         close_counters()  # a backend reports its last transactions as it exits
         wait_gone(server, exclude)
@@ -496,7 +502,7 @@ def measure(
             raise BenchError("too few jobs finished between the readings to measure")
         values = _drain_figures(server, before_quiet, before, first, last, after, counts)
         values["worker_cpu"] = (last.workers - first.workers) * 1e3 / (last.count - first.count)
-        rate = scratch.median(system.name, harness.at(f"drain{processes}", concurrency))
+        rate = scratch.median(system.name, f"steady{processes}", setting)
         values["rate"] = NAN if rate is None else rate
         updates, hot, table_bytes, index_bytes = server.footprint()
         values |= {
@@ -745,11 +751,12 @@ LIFE = Section(
     "bulk enqueue that filled it; after the drain, the workers' pruning of every job "
     "(`retention.prune_jobs_batch`, batches of 500 ids, each its own transaction), then "
     "on PostgreSQL a `VACUUM sqlqueue_jobs`, the work autovacuum does in the background "
-    "(see the settings above), then enqueues of one commit each (`noop.enqueue()`, a twentieth of "
-    "`--jobs`). DB CPU: every connection to the benchmark's database, in ms per 1,000 "
-    "jobs; WAL attributed as above, redo less the other sessions' rate. *A job's life*: "
-    "the sum of the medians of a one-commit enqueue, the drain at that process count "
-    "(its connections), the pruning and the VACUUM.",
+    "(see the settings above), then enqueues of one commit each (`write.enqueue(i=..., "
+    "email=...)` in an app context of its own, a twentieth of `--jobs`). DB CPU: every "
+    "connection to the benchmark's database, in ms per 1,000 jobs; WAL attributed as above, "
+    "redo less the other sessions' rate. *A job's life*: the sum of the medians of a "
+    "one-commit enqueue, the drain at that process count (its connections), the pruning "
+    "and the VACUUM.",
     (
         "enqueue_cpu",
         "enqueue_log",
@@ -785,16 +792,6 @@ CONTEXT = Section(
 )
 
 
-def commit_of_checkout() -> str:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip()
-
-    head = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
-    return head + (" with uncommitted changes" if dirty else "")
-
-
 def report(
     table: Table,
     servers: list[Server],
@@ -804,11 +801,12 @@ def report(
     out = [*header, ""]
     out += [
         "Each row: a fresh database, "
-        f"{args.jobs:,} no-op jobs in one bulk enqueue, then "
+        f"{args.jobs:,} jobs of the peers benchmark's `write` task (one line appended to a "
+        "file) in one bulk enqueue, then "
         f"`python -m flask queue work --concurrency {args.concurrency}` in that many "
         "processes until the queue is empty; "
         f"medians of {args.runs} run(s). *jobs/s from the first job* is the peers "
-        "benchmark's drain rate (its window opens while later workers may still be "
+        "benchmark's steady drain rate (its window opens while later workers may still be "
         "starting); every other figure is read over the window from the first count after "
         "every worker logged its start to the last count (`†`: the queue emptied before "
         "every worker had started, so the window opens at the first finished job, or at "
@@ -930,17 +928,15 @@ def main(argv: list[str] | None = None) -> int:
     with temp_dir("sqlqueue-scaling-") as folder, servers_of(args, skipped) as servers:
         ctx = Context(folder, args.postgres, args.mysql, None)
         versions = {s.backend: s.version for s in servers}
-        now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
         header = [
             "## flask_sqlqueue against worker processes: PostgreSQL and MariaDB",
             "",
             "`python -m benchmarks.scaling " + shlex.join(argv) + "`",
             "",
-            f"- {now}, commit {commit_of_checkout()}",
-            *harness.machine(versions.get("postgres", "not run"), versions.get("mysql", "not run")),
+            *common.machine(versions.get("postgres", "not run"), versions.get("mysql", "not run")),
             *(f"- {s.store} settings: {s.settings()}" for s in servers),
         ]
-        sizes = harness.Sizes(enqueue=0, jobs=args.jobs, samples=0, drain_cap=args.drain_cap)
+        sizes = harness.Sizes(jobs=args.jobs, samples=0, drain_cap=args.drain_cap)
         for run in range(1, args.runs + 1):
             for server in servers:
                 system = CountedSystem(ctx, server.backend)

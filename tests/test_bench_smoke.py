@@ -3,8 +3,8 @@
 Only flask_sqlqueue and the raw ceilings run here: on SQLite, which needs nothing beyond
 the project itself (the peers come from the ``bench`` extra and their servers), and on
 MariaDB when ``SQLQUEUE_TEST_MYSQL_URL`` is set. What is checked is the harness, not
-speed: every figure is backed by a count in the store, and a lost or duplicated job turns
-into an error instead of a number.
+speed: every figure is backed by a count (the lines of the job's output file), and a
+lost or duplicated job turns into an error instead of a number.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from benchmarks.peers.__main__ import main
 from benchmarks.peers.common import BenchError
 from benchmarks.peers.systems import Context
 from benchmarks.peers.systems import RawSystem
+from benchmarks.peers.workload import Output
+from benchmarks.peers.workload import email_of
 from tests.conftest import ROOT
 from tests.waiting import scaled
 
@@ -50,39 +52,66 @@ def _report(command: Callable[[list[str]], int], out: Path, options: list[str]) 
 
 
 def _quick(tmp_path: Path, *options: str) -> str:
-    quick = ["--quick", "--runs=1", "--jobs=300", "--enqueue-jobs=30", "--samples=3"]
-    return _report(main, tmp_path / "peers.md", [*quick, "--concurrency=2", *options])
+    quick = ["--quick", "--runs=1", "--jobs=200", "--samples=3", "--concurrency=2"]
+    return _report(main, tmp_path / "peers.md", [*quick, *options])
 
 
-def _check_store(text: str, store: str, fsq: str, raw: str) -> None:
+def _check_defaults(text: str, store: str, fsq: str, raw: str) -> None:
+    """Section 1: every figure of both systems, the targets, the commands as typed."""
+    assert "## 1. At the defaults" in text
     for system in (fsq, raw):
-        assert _row(text, "Enqueue, one commit", system)[2] != "—"
+        row = _row(text, "Every system at its defaults", system)
+        assert "—" not in row[2:3] + row[4:5] + row[6:7] + row[8:], row
+    assert _row(text, "Every system at its defaults", raw)[3].endswith("x")  # ÷ fsq
+    first = _row(text, "flask_sqlqueue's targets", f"{store} first job after spawn")
+    assert first[2].endswith(" s") and first[3] in ("met", "**not met**"), first
+    pickup = _row(text, "flask_sqlqueue's targets", f"{store} pickup p50 ÷ the raw loop's")
+    assert pickup[2].endswith("x") and pickup[3] in ("met", "**not met**"), pickup
+    ceiling = _row(text, "flask_sqlqueue's targets", f"{store} one-commit enqueue ÷ {raw}")
+    assert ceiling[2].endswith("x") and ceiling[3] == "reported", ceiling
+    assert _row(text, "How each system ran at the defaults", fsq)[2] == "`flask queue work`"
+
+
+def _check_matched(text: str, store: str, fsq: str, raw: str) -> None:
+    """Section 2 at concurrency 2: drains, bulk fills, latency, RSS, the commands."""
+    assert "## 2. At matched settings" in text
+    for system in (fsq, raw):
         assert _row(text, "Bulk enqueue", system)[2] != "—"
-        drain = _row(text, "Drain a pre-filled queue of 300 no-op jobs at concurrency 2", system)
-        assert drain[2] != "—" and drain[3] != "—"
+        drain = _row(text, "Drain a pre-filled queue of 200 jobs at concurrency 2", system)
+        assert drain[2] != "—" and drain[3] != "—", drain
+        assert _row(text, "Pickup latency, idle worker at concurrency 2", system)[2] != "—"
         assert _row(text, "Peak RSS of a worker process at concurrency 2", system)[2] != "—"
-    assert _row(text, "Pickup latency", fsq)[2] != "—"
     assert _row(text, "Drain a pre-filled", fsq)[5].endswith("x")  # ÷ its raw ceiling
-    summary = _row(text, "Summary", "drain, 1 process (jobs/s) | " + store)
+    summary = _row(text, "Matched settings, summary", "drain, 1 process (jobs/s) | " + store)
     assert summary[2] == "2" and summary[-1].endswith("x"), summary
-    assert "`python -m flask queue work --concurrency 2`" in _row(text, "How each", fsq)[2]
+    command = _row(text, "How each system ran at matched settings", fsq)[2]
+    assert command == "`flask queue work --concurrency 2 --log-level warning`", command
 
 
-def test_quick_run_reports_every_workload(tmp_path: Path) -> None:
-    text = _quick(tmp_path, "--only=flask_sqlqueue-sqlite,raw-sqlite")
-    _check_store(text, "SQLite", "flask_sqlqueue-sqlite", "raw-sqlite")
-    target = _row(
-        text, "flask_sqlqueue against the targets", "SQLite drain, 1 process ÷ raw-sqlite"
-    )
-    assert "x " in target[2]
+SQLITE = ("SQLite", "flask_sqlqueue-sqlite", "raw-sqlite")
+
+
+def test_quick_run_at_the_defaults(tmp_path: Path) -> None:
+    """Section 1 alone (``--section``): the two sections run apart, in two tests."""
+    text = _quick(tmp_path, "--only=flask_sqlqueue-sqlite,raw-sqlite", "--section=defaults")
+    _check_defaults(text, *SQLITE)
+    assert "## 2. At matched settings" not in text
+
+
+def test_quick_run_at_matched_settings(tmp_path: Path) -> None:
+    text = _quick(tmp_path, "--only=flask_sqlqueue-sqlite,raw-sqlite", "--section=matched")
+    _check_matched(text, *SQLITE)
+    assert "## 1. At the defaults" not in text
 
 
 def test_quick_run_on_mariadb(tmp_path: Path) -> None:
+    """The defaults section, on MariaDB."""
     url = os.environ.get("SQLQUEUE_TEST_MYSQL_URL")
     if not url:
         pytest.skip("set SQLQUEUE_TEST_MYSQL_URL to run against MariaDB")
-    text = _quick(tmp_path, "--only=flask_sqlqueue-mysql,raw-pymysql", f"--mysql={url}")
-    _check_store(text, "MariaDB", "flask_sqlqueue-mysql", "raw-pymysql")
+    only = "--only=flask_sqlqueue-mysql,raw-pymysql"
+    text = _quick(tmp_path, only, "--section=defaults", f"--mysql={url}")
+    _check_defaults(text, "MariaDB", "flask_sqlqueue-mysql", "raw-pymysql")
 
 
 def test_concurrency_list() -> None:
@@ -93,37 +122,105 @@ def test_concurrency_list() -> None:
             concurrency_list(bad)
 
 
+def _output(tmp_path: Path, ids: list[int]) -> Output:
+    path = tmp_path / "out"
+    path.write_text("".join(f"{i} {email_of(i)}\n" for i in ids))
+    return Output(path)
+
+
+def test_the_output_file_must_hold_each_job_once(tmp_path: Path) -> None:
+    output = _output(tmp_path, [2, 0, 1])
+    try:
+        assert output.count() == 3
+    finally:
+        output.close()
+    output.check(3)
+    with pytest.raises(BenchError, match="ran more than once"):
+        _output(tmp_path, [0, 1, 1]).check(3)  # three lines, one job twice, one lost
+    with pytest.raises(BenchError, match=r"missing i = \[2\]"):
+        _output(tmp_path, [0, 1]).check(3)
+    _output(tmp_path, [0, 1]).check(3, complete=False)  # a capped drain
+    with pytest.raises(BenchError, match="never enqueued"):
+        _output(tmp_path, [0, 1, 3]).check(3)
+    (tmp_path / "out").write_text("0 someone@example.com\n")
+    with pytest.raises(BenchError, match="a line that no job writes"):
+        Output(tmp_path / "out").check(1)
+
+
+def _raw_queue(tmp_path: Path, jobs: int) -> tuple[RawSystem, harness.Sizes, harness.Results]:
+    system = RawSystem(Context(tmp_path, "", "", None), "sqlite")
+    return system, harness.Sizes(jobs=jobs, samples=1, drain_cap=60), harness.Results()
+
+
+def _copy_first_job(system: RawSystem) -> None:
+    """The first job enqueued once more, as a queue that hands a job out twice would."""
+    with sqlite3.connect(system.worker_argv(system.setting)[-1]) as conn:
+        conn.execute(
+            "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
+            "SELECT queue, task, payload, status, run_at, created_at FROM raw_jobs "
+            "WHERE id = (SELECT min(id) FROM raw_jobs)"
+        )
+
+
+def _delete_last_job(system: RawSystem) -> None:
+    with sqlite3.connect(system.worker_argv(system.setting)[-1]) as conn:
+        conn.execute("DELETE FROM raw_jobs WHERE id = (SELECT max(id) FROM raw_jobs)")
+
+
 def test_a_lost_job_is_an_error_not_a_figure(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(harness, "STALL", 2.0)
-    system = RawSystem(Context(tmp_path, "", "", None), "sqlite")
-    sizes = harness.Sizes(enqueue=1, jobs=50, samples=1, drain_cap=60)
-    results = harness.Results()
+    monkeypatch.setattr(harness, "STALL", 1.0)
+    system, sizes, results = _raw_queue(tmp_path, 50)
     with system.fresh():
         system.enqueue_bulk(50)
-        with sqlite3.connect(system.worker_argv()[-1]) as conn:  # one job vanishes
-            conn.execute("DELETE FROM raw_jobs WHERE id = (SELECT min(id) FROM raw_jobs)")
+        _delete_last_job(system)
         with pytest.raises(BenchError, match="stalled: 49 of 50"):
             harness.drain(system, 1, sizes, results, tmp_path)
-    assert ("raw-sqlite", "drain1") not in results.values
+    assert not results.values
 
 
 def test_a_duplicate_is_an_error_not_a_figure(tmp_path: Path) -> None:
-    system = RawSystem(Context(tmp_path, "", "", None), "sqlite")
-    sizes = harness.Sizes(enqueue=1, jobs=50, samples=1, drain_cap=60)
-    results = harness.Results()
+    system, sizes, results = _raw_queue(tmp_path, 50)
     with system.fresh():
         system.enqueue_bulk(50)
-        with sqlite3.connect(system.worker_argv()[-1]) as conn:  # one job finishes twice
-            conn.execute(
-                "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
-                "SELECT queue, task, payload, 'completed', run_at, created_at FROM raw_jobs "
-                "WHERE id = (SELECT min(id) FROM raw_jobs)"
-            )
-        with pytest.raises(BenchError, match="51"):
+        _copy_first_job(system)
+        with pytest.raises(BenchError, match="51 jobs finished of 50"):
             harness.drain(system, 1, sizes, results, tmp_path)
-    assert ("raw-sqlite", "drain1") not in results.values
+    assert not results.values
+
+
+def test_a_duplicate_and_a_loss_are_an_error_not_a_figure(tmp_path: Path) -> None:
+    """As many lines as jobs, but one job twice: the count alone would pass."""
+    system, sizes, results = _raw_queue(tmp_path, 50)
+    with system.fresh():
+        system.enqueue_bulk(50)
+        _delete_last_job(system)
+        _copy_first_job(system)
+        with pytest.raises(BenchError, match="1 job\\(s\\) ran more than once"):
+            harness.drain(system, 1, sizes, results, tmp_path)
+    assert not results.values
+
+
+def test_a_wrong_count_is_an_error_row_in_the_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer that writes one job twice: the report lists the error, the drains
+    give no figure, and the command exits 1."""
+    enqueue_batch = RawSystem.enqueue_batch
+
+    def twice(self: RawSystem, jobs: list[tuple[int, str]]) -> None:
+        enqueue_batch(self, [*jobs, jobs[0]])
+
+    monkeypatch.setattr(RawSystem, "enqueue_batch", twice)
+    out = tmp_path / "peers.md"
+    options = ["--quick", "--runs=1", "--jobs=50", "--samples=1", "--concurrency=2"]
+    assert main([*options, "--section=matched", "--only=raw-sqlite", f"--output={out}"]) == 1
+    text = out.read_text()
+    for step in ("fill+drain1", "fill+drain2"):
+        assert f"- raw-sqlite / matched {step}: run 1: " in text, text
+    drain = _row(text, "Drain a pre-filled queue of 50 jobs at concurrency 2", "raw-sqlite")
+    assert drain[2:4] == ["—", "—"], drain
 
 
 @pytest.mark.parametrize(

@@ -19,18 +19,21 @@ from .common import BenchError
 from .common import mysql_connect
 from .common import redis_server
 from .common import temp_dir
+from .report import report
+from .systems import DEFAULTS
 from .systems import Context
+from .systems import Setting
 from .systems import System
 from .systems import all_systems
 
-Workload = Callable[[System, harness.Sizes, harness.Results, Path, int | None], None]
-# The enqueue runs no worker: once per run, whatever the concurrencies.
-ONCE: dict[str, Workload] = {"enqueue": harness.enqueue_each}
-PER_CONCURRENCY: dict[str, Workload] = {
-    "bulk+drain1": harness.bulk_then_drain,
-    "drain2": harness.drain_two,
+Measure = Callable[[System, Setting, harness.Sizes, harness.Results, Path], None]
+#: What each section measures at each of its settings, in this order.
+MEASURES: dict[str, Measure] = {
+    "fill+drain1": partial(harness.fill_and_drain, 1),
+    "fill+drain2": partial(harness.fill_and_drain, 2),
     "latency": harness.latency,
 }
+SECTIONS = {"defaults": ["defaults"], "matched": ["matched"], "all": ["defaults", "matched"]}
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -45,13 +48,17 @@ def concurrency_list(text: str) -> list[int]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.peers", description=__doc__)
-    parser.add_argument("--jobs", type=int, help="jobs to bulk-enqueue and drain (20000)")
-    parser.add_argument("--enqueue-jobs", type=int, help="one-commit enqueues (2000)")
-    parser.add_argument("--samples", type=int, help="pickup-latency samples (100)")
-    parser.add_argument(
-        "--drain-cap", type=float, help="seconds a drain may take before its rate is taken (30)"
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.peers",
+        description=sys.modules[__package__].__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument(
+        "--section", choices=sorted(SECTIONS), default="all", help="which section(s) (all)"
+    )
+    parser.add_argument("--jobs", type=int, help="jobs per fill and drain (10000)")
+    parser.add_argument("--samples", type=int, help="pickup-latency samples (100)")
+    parser.add_argument("--drain-cap", type=float, help="seconds from spawn a drain may take (300)")
     parser.add_argument("--runs", type=int, default=3, help="runs; the tables show medians")
     parser.add_argument("--only", help="comma-separated system names")
     parser.add_argument("--postgres", default=DEFAULT_POSTGRES, help="an admin URL (libpq form)")
@@ -62,21 +69,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--concurrency",
         type=concurrency_list,
         default=[1, 4],
-        help="worker concurrencies, a comma list (1,4): the same for every system with the "
-        "setting (flask_sqlqueue --concurrency, Huey -w -k thread, Procrastinate "
-        "--concurrency, PgQueuer --batch-size, Celery --pool threads --concurrency)",
+        help="the matched section's worker concurrencies, a comma list (1,4)",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
     parser.add_argument("--output", type=Path, help="also write the report to this file")
     args = parser.parse_args(argv)
-    quick = {"jobs": 1000, "enqueue_jobs": 200, "samples": 15, "drain_cap": 10.0}
-    full = {"jobs": 20000, "enqueue_jobs": 2000, "samples": 100, "drain_cap": 30.0}
+    quick = {"jobs": 500, "samples": 15, "drain_cap": 30.0}
+    full = {"jobs": 10_000, "samples": 100, "drain_cap": 300.0}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    for key in ("jobs", "enqueue_jobs", "samples", "runs"):
+    for key in ("jobs", "samples", "runs"):
         if getattr(args, key) < 1:
-            parser.error(f"--{key.replace('_', '-')} must be at least 1")
+            parser.error(f"--{key} must be at least 1")
     return args
 
 
@@ -106,9 +111,10 @@ def server_version(name: str, url: str, read: Callable[[str], str]) -> tuple[str
         return "not reachable", f"{name} at {url} is not reachable ({exc.__class__.__name__})"
 
 
-def redis_version(redis_url: str | None) -> str:
+def redis_version(redis_url: str | None) -> str | None:
+    """The version of the Redis started for RQ and Celery (None if none was)."""
     if not redis_url:
-        return "not started"
+        return None
     import redis
 
     client = redis.Redis.from_url(redis_url)
@@ -118,22 +124,61 @@ def redis_version(redis_url: str | None) -> str:
         client.close()
 
 
+def settings_of(system: System, section: str, concurrencies: list[int]) -> list[Setting]:
+    """The settings a section measures ``system`` at: its defaults; or the matched ones
+    at each concurrency, once for a system without the setting."""
+    if section == "defaults":
+        return [DEFAULTS]
+    levels: list[int | None] = [*concurrencies] if system.concurrent else [None]
+    return [Setting(matched=True, concurrency=c) for c in levels]
+
+
+def chosen(systems: list[System], only: str | None) -> list[System]:
+    """The systems ``--only`` names (all without it); a name unknown is an error."""
+    if not only:
+        return systems
+    wanted = [name.strip() for name in only.split(",") if name.strip()]
+    known = {s.name for s in systems}
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise BenchError(f"unknown system(s): {', '.join(unknown)}; known: {', '.join(known)}")
+    return [s for s in systems if s.name in wanted]
+
+
+def measure_all(
+    args: argparse.Namespace, systems: list[System], folder: Path, results: harness.Results
+) -> None:
+    """Every run, section, system, setting and measurement, in that order; an error is
+    recorded against its system and step, and gives no figure."""
+    sizes = harness.Sizes(args.jobs, args.samples, args.drain_cap)
+    for run in range(1, args.runs + 1):
+        for section in SECTIONS[args.section]:
+            for system in systems:
+                for setting in settings_of(system, section, args.concurrency):
+                    for name, measure in MEASURES.items():
+                        step = f"{setting.key} {name}"
+                        log_dir = folder / f"logs-{system.name}-{step.replace(' ', '-')}-{run}"
+                        log_dir.mkdir()
+                        error = common.step(
+                            f"run {run} {system.name:22} {step:28}",
+                            partial(measure, system, setting, sizes, results, log_dir),
+                        )
+                        if error is not None:
+                            results.errors[(system.name, step)].append(f"run {run}: {error}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
-    command = "python -m benchmarks.peers " + shlex.join(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse(argv)
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         folder = stack.enter_context(temp_dir("sqlqueue-peers-"))
         ctx = Context(folder, args.postgres, args.mysql, None)
-        systems = all_systems(ctx)
-        if args.only:
-            wanted = [name.strip() for name in args.only.split(",") if name.strip()]
-            known = {s.name for s in systems}
-            unknown = [name for name in wanted if name not in known]
-            if unknown:
-                print(f"unknown system(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-                return 2
-            systems = [s for s in systems if s.name in wanted]
+        try:
+            systems = chosen(all_systems(ctx), args.only)
+        except BenchError as exc:
+            print(exc)
+            return 2
         if any(s.needs == "redis" for s in systems):
             try:
                 ctx.redis_url = stack.enter_context(redis_server(folder))
@@ -153,32 +198,21 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"skipping {system.name}: {problem}", file=sys.stderr)
             else:
                 usable.append(system)
+        header = [
+            "# flask_sqlqueue and its peers",
+            "",
+            f"`python -m benchmarks.peers {shlex.join(argv)}`",
+            "",
+        ]
+        header += common.machine(pg_version, my_version, redis_version(ctx.redis_url))
         results = harness.Results()
-        sizes = harness.Sizes(args.enqueue_jobs, args.jobs, args.samples, args.drain_cap)
-        header = ["## flask_sqlqueue and its peers", "", f"`{command}`", ""]
-        header += harness.machine(pg_version, my_version, redis_version(ctx.redis_url))
-        for run in range(1, args.runs + 1):
-            for system in usable:
-                levels = args.concurrency if system.concurrent else [None]
-                steps = [(w, m, None) for w, m in ONCE.items()] + [
-                    (w, m, c) for c in levels for w, m in PER_CONCURRENCY.items()
-                ]
-                for workload, measure, concurrency in steps:
-                    if workload == "latency" and not system.latency:
-                        continue
-                    step = harness.at(workload, concurrency)
-                    log_dir = folder / f"logs-{system.name}-{step}-{run}"
-                    log_dir.mkdir()
-                    error = common.step(
-                        f"run {run} {system.name:22} {step:14}",
-                        partial(measure, system, sizes, results, log_dir, concurrency),
-                    )
-                    if error is not None:
-                        results.errors[(system.name, step)].append(f"run {run}: {error}")
+        measure_all(args, usable, folder, results)
         header.append(common.closing_line(started))
         if skipped:
             header += ["", "Skipped: " + "; ".join(skipped)]
-        text = harness.report(results, usable, sizes, args.runs, args.concurrency, header)
+        sizes = harness.Sizes(args.jobs, args.samples, args.drain_cap)
+        sections = SECTIONS[args.section]
+        text = report(results, usable, sizes, args.runs, sections, args.concurrency, header)
     common.publish(text, args.output)
     return 1 if results.errors else 0
 

@@ -1,7 +1,8 @@
 """Celery on Redis as its users run it: ``celery -A benchmarks.peers.app_celery worker``.
 
-``BENCH_REDIS_URL`` is the server: the broker on database 0, results on database 1 (so
-the harness counts finished tasks with ``DBSIZE`` there).
+``BENCH_REDIS_URL`` is the server, the broker on its database 0. Nothing else is
+configured: no result backend (Celery's default), since the harness counts finished jobs
+in the output file.
 """
 
 from __future__ import annotations
@@ -10,22 +11,17 @@ import os
 
 from celery import Celery  # type: ignore[import-untyped]
 
+from benchmarks.peers import workload
 from benchmarks.peers.probe import stamp
 
 _url = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379")
-app = Celery("bench", broker=f"{_url}/0", backend=f"{_url}/1")
-app.conf.update(
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-    task_serializer="json",
-    result_serializer="json",
-    accept_content=["json"],
-)
+app = Celery("bench", broker=f"{_url}/0")
 
 
-@app.task(name="noop")  # type: ignore[untyped-decorator]
-def noop() -> None:
-    """Does nothing."""
+@app.task(name="write")  # type: ignore[untyped-decorator]
+def write(i: int, email: str) -> None:
+    """The benchmark's job: one line appended to the output file."""
+    workload.write(i, email)
 
 
 @app.task(name="probe")  # type: ignore[untyped-decorator]

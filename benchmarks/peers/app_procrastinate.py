@@ -11,22 +11,24 @@ from typing import Any
 
 import procrastinate
 
+from benchmarks.peers import workload
 from benchmarks.peers.probe import stamp
 
 
 def make(dsn: str) -> tuple[procrastinate.App, Any, Any]:
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
-    @app.task(name="noop")
-    def noop() -> None:
-        """Does nothing."""
+    @app.task(name="write")
+    def write(i: int, email: str) -> None:
+        """The benchmark's job: one line appended to the output file."""
+        workload.write(i, email)
 
     @app.task(name="probe")
     def probe(path: str) -> None:
         stamp(path)
 
-    return app, noop, probe
+    return app, write, probe
 
 
 if "BENCH_PG_DSN" in os.environ:
-    app, noop, probe = make(os.environ["BENCH_PG_DSN"])
+    app, write, probe = make(os.environ["BENCH_PG_DSN"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
+from datetime import UTC
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +32,7 @@ DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_MYSQL = "mysql+pymysql://root@127.0.0.1:3306/test"
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 TICK = os.sysconf("SC_CLK_TCK")
+IDLE_SHARE = 0.25  # of a core: a worker using less sits idle (Workers.wait_idle)
 
 
 class BenchError(Exception):
@@ -49,6 +53,46 @@ def step(label: str, measure: Callable[[], object]) -> str | None:
     outcome = "ok" if error is None else f"ERROR {error}"
     print(f"{label} {time.monotonic() - began:6.1f} s  {outcome}", file=sys.stderr, flush=True)
     return error
+
+
+def machine(
+    postgres_version: str, mysql_version: str, redis_version: str | None = None
+) -> list[str]:
+    """The report's header lines on the machine: when, which commit, CPU and load, the
+    versions of Python and the stores."""
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    redis = f"; Redis {redis_version} (loopback, no persistence)" if redis_version else ""
+    return [
+        f"- {now}, commit {checkout()}",
+        f"- CPU: {os.cpu_count()} cores, {model}; load average at the start {load}",
+        f"- Python {platform.python_version()} ({platform.system()} {platform.release()})",
+        f"- SQLite {sqlite3.sqlite_version}; PostgreSQL {postgres_version}; "
+        f"MariaDB {mysql_version}{redis}",
+    ]
+
+
+def checkout() -> str:
+    """The checkout's commit, with ``+ uncommitted changes`` when any file outside
+    benchmarks/results (where the reports are written) differs from it."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout
+
+    head = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    changed = [
+        line
+        for line in git("status", "--porcelain").splitlines()
+        if not line[3:].startswith("benchmarks/results/")
+    ]
+    return head + (" + uncommitted changes" if changed else "")
 
 
 def closing_line(started: float) -> str:
@@ -206,8 +250,10 @@ class Workers:
     count: int
     log_dir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    spawned: float = 0.0  # time.monotonic() just before the first process was spawned
 
     def start(self) -> None:
+        self.spawned = time.monotonic()
         for index in range(self.count):
             log = open(self.log_dir / f"worker-{index}.log", "wb")
             self.procs.append(
@@ -235,7 +281,9 @@ class Workers:
         return " | ".join(text.strip().splitlines()[-lines:])
 
     def wait_idle(self, timeout: float = 90.0) -> None:
-        """Wait until every worker has finished importing and sits idle (CPU flat)."""
+        """Wait until every worker has finished starting and sits idle: under a quarter of
+        a core over 0.3 s (start-up takes a whole one; a worker that polls the database
+        every millisecond while idle takes a few percent)."""
         deadline = time.monotonic() + timeout
         for proc in self.procs:
             last = cpu_seconds(proc.pid)
@@ -243,7 +291,7 @@ class Workers:
                 time.sleep(0.3)
                 self.check_alive()
                 now = cpu_seconds(proc.pid)
-                if now - last <= 0.02:
+                if now - last <= IDLE_SHARE * 0.3:
                     break
                 last = now
                 if time.monotonic() > deadline:
@@ -399,7 +447,3 @@ def temp_dir(prefix: str) -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def python() -> str:
-    return sys.executable

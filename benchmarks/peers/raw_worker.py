@@ -5,13 +5,16 @@
     python -m benchmarks.peers.raw_worker mysql mysql://USER@HOST:PORT/DATABASE
 
 A worker claims up to 100 jobs in one transaction, runs them, and records all of them
-completed in one transaction. SQLite runs in WAL mode with ``synchronous=FULL`` and takes
-its write lock up front (``BEGIN IMMEDIATE``); PostgreSQL claims with ``FOR UPDATE SKIP
-LOCKED`` in one statement. MariaDB has no ``UPDATE … RETURNING``, so its claim is a
-``SELECT … FOR UPDATE SKIP LOCKED`` and an ``UPDATE`` of those ids (READ COMMITTED, as
-flask_sqlqueue's engine), and its completions are one ``UPDATE`` per distinct result
-(PyMySQL's ``executemany`` would send an ``UPDATE`` per row). There is no heartbeat, retry,
-rescue or fencing: this is what the database allows, not a queue to use.
+completed in one transaction. When a claim finds nothing, a PostgreSQL worker waits for a
+``NOTIFY raw_jobs`` (the raw producer's insert sends one in its own transaction); a SQLite
+or MariaDB worker claims again 1 ms later. SQLite runs in WAL mode with
+``synchronous=FULL`` and takes its write lock up front (``BEGIN IMMEDIATE``); PostgreSQL
+claims with ``FOR UPDATE SKIP LOCKED`` in one statement. MariaDB has no ``UPDATE …
+RETURNING``, so its claim is a ``SELECT … FOR UPDATE SKIP LOCKED`` and an ``UPDATE`` of
+those ids (READ COMMITTED, as flask_sqlqueue's engine), and its completions are one
+``UPDATE`` per distinct result (PyMySQL's ``executemany`` would send an ``UPDATE`` per
+row). There is no heartbeat, retry, rescue or fencing: this is what the database allows,
+not a queue to use.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from benchmarks.peers import workload
+from benchmarks.peers.probe import stamp
 
 BATCH = 100
 
@@ -84,9 +90,13 @@ INSERT_SQLITE = (
     "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
     "VALUES ('default', ?, ?, 'pending', ?, ?)"
 )
+# The NOTIFY rides on the INSERT's RETURNING, in its transaction (one per transaction:
+# PostgreSQL folds the same notification sent again in one transaction into one).
+CHANNEL = "raw_jobs"
 INSERT_POSTGRES = (
     "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
-    "VALUES ('default', %s, %s, 'pending', now(), now())"
+    "VALUES ('default', %s, %s, 'pending', now(), now()) "
+    f"RETURNING pg_notify('{CHANNEL}', '')"
 )
 INSERT_MYSQL = (
     "INSERT INTO raw_jobs (queue, task, payload, status, run_at, created_at) "
@@ -138,12 +148,13 @@ COMPLETE_MYSQL = (
 )
 
 
-def noop() -> None:
-    """Does nothing."""
+TASKS: dict[str, Callable[..., Any]] = {"write": workload.write, "probe": stamp}
+IDLE_POLL = 0.001  # seconds between claims while none finds a job (SQLite, MariaDB)
 
 
-TASKS: dict[str, Callable[..., Any]] = {"noop": noop}
-PAYLOAD = json.dumps({"args": [], "kwargs": {}})
+def payload(*args: Any, **kwargs: Any) -> str:
+    """A job's payload: its arguments as JSON."""
+    return json.dumps({"args": args, "kwargs": kwargs})
 
 
 def sqlite_connect(path: str) -> sqlite3.Connection:
@@ -162,8 +173,8 @@ def sqlite_setup(path: str) -> None:
 
 def run(rows: list[Any]) -> list[tuple[str | None, int]]:
     done: list[tuple[str | None, int]] = []
-    for job_id, task, payload in rows:
-        body = json.loads(payload)
+    for job_id, task, text in rows:
+        body = json.loads(text)
         value = TASKS[task](*body["args"], **body["kwargs"])
         done.append((json.dumps(value), job_id))
     return done
@@ -177,7 +188,7 @@ def work_sqlite(path: str, stopping: list[bool]) -> None:
         rows = conn.execute(CLAIM_SQLITE, (now, now)).fetchall()
         conn.execute("COMMIT")
         if not rows:
-            time.sleep(0.01)
+            time.sleep(IDLE_POLL)
             continue
         done = run(rows)
         finished = time.time()
@@ -190,11 +201,15 @@ def work_postgres(dsn: str, stopping: list[bool]) -> None:
     import psycopg
 
     with psycopg.connect(dsn) as conn:
+        with conn.transaction():
+            conn.execute(f"LISTEN {CHANNEL}")
         while not stopping:
             with conn.transaction():
                 rows = conn.execute(CLAIM_POSTGRES).fetchall()
             if not rows:
-                time.sleep(0.01)
+                # A NOTIFY sent while the claim ran waits in psycopg's backlog: none is lost.
+                for _ in conn.notifies(timeout=0.5, stop_after=1):
+                    pass
                 continue
             done = run(rows)
             with conn.transaction(), conn.cursor() as cur:
@@ -225,7 +240,7 @@ def work_mysql(url: str, stopping: list[bool]) -> None:
             rows = list(cur.fetchall())
             if not rows:
                 conn.commit()
-                time.sleep(0.01)
+                time.sleep(IDLE_POLL)
                 continue
             cur.execute(MARK_MYSQL + _in([row[0] for row in rows]))
             conn.commit()
