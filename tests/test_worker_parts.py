@@ -77,7 +77,11 @@ def test_an_attempt_is_made_from_its_claim_alone_and_never_changes() -> None:
         Attempt(claimed(), "a label of its own")  # type: ignore[call-arg]
     attempt = Attempt(claimed())
     with pytest.raises(dataclasses.FrozenInstanceError):
+        attempt.job = claimed(id=8)  # type: ignore[misc]
+    # The label is read from the claim; nothing can set one of its own.
+    with pytest.raises((AttributeError, TypeError)):
         attempt.label = "other"  # type: ignore[misc]
+    assert attempt.label == "job=7 task=shop.send attempt=2/5"
 
 
 def test_an_attempts_context_is_its_claim_as_the_worker_running_it_sees_it() -> None:
