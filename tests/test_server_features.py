@@ -134,7 +134,8 @@ def test_a_postgresql_enqueue_notifies_in_its_insert() -> None:
     with fresh_database("postgresql") as uri:
         app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": uri})
         sample_app.queue.upgrade_database(app=app)
-        engine = sample_app.queue.state(app).store.engine
+        store = sample_app.queue.state(app).store
+        engine = store.engine
         statements: list[str] = []
 
         def executed(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
@@ -144,9 +145,11 @@ def test_a_postgresql_enqueue_notifies_in_its_insert() -> None:
             with app.app_context():
                 sample_app.add.enqueue(1, 2)  # the schema check, outside the count
                 sa.event.listen(engine, "before_cursor_execute", executed)
-                sample_app.add.enqueue(1, 2)
+                sample_app.add.enqueue(1, 2)  # a plain job: on a kept connection
+                assert statements == []
+                assert "pg_notify" in store._kept.sql
                 sample_app.add.using(idempotency_key="k").enqueue(1, 2)
-                assert len(statements) == 2, statements
+                assert len(statements) == 1, statements
                 assert all("pg_notify" in s for s in statements), statements
                 assert not any(s.lstrip().upper().startswith("NOTIFY") for s in statements)
                 statements.clear()

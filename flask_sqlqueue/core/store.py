@@ -46,6 +46,8 @@ from .dialects import database_identity
 from .dialects import driver_missing
 from .dialects import for_dialect
 from .hooks import Hooks
+from .inserts import PLAIN
+from .inserts import KeptInserts
 from .jobs import Job
 from .lifecycle import Backoff
 from .lifecycle import cut_text
@@ -146,6 +148,8 @@ class Store:
         self.signal_sender: Any = self
         #: The hooks around enqueues and attempts: the queue's own (set by the extension).
         self.hooks = Hooks()
+        #: Kept connections for plain one-job enqueues (:meth:`_kept_inserts`).
+        self._kept: KeptInserts | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Store:
@@ -222,6 +226,17 @@ class Store:
             now=self.now(),
         )
         depends_on = options.dependency_ids
+        if (
+            options.session is None
+            and not depends_on
+            and values["idempotency_key"] is None
+            and values.keys() == PLAIN
+            and not bigpayloads.oversize(payload, self.settings.inline_payload_limit)
+        ):
+            kept = self._kept_inserts()
+            made = None if kept is None else self._enqueue_plain(kept, values)
+            if made is not None:
+                return made
         labels = cast("tuple[str, ...] | None", options.tags)
 
         unique = options.unique if "unique_key" in values else None
@@ -301,6 +316,38 @@ class Store:
         made: list[Job] = self._produce(options, insert, announce)
         return made
 
+    def _kept_inserts(self) -> KeptInserts | None:
+        """The kept connections for plain one-job enqueues (core/inserts.py), made on
+        first use; ``None`` where the driver is not one :mod:`.inserts` knows."""
+        kept = self._kept
+        if kept is None and self.engine.dialect.driver in self.ops.kept_drivers:
+            with _waiters_lock:
+                kept = self._kept
+                if kept is None:
+                    kept = self._kept = KeptInserts(self.engine, self.ops)
+                    # Closed with the pool's: an app or a test disposing of the engine
+                    # means to let go of every connection it has.
+                    event.listen(self.engine, "engine_disposed", lambda _e: kept.close())
+        return kept
+
+    def _enqueue_plain(self, kept: KeptInserts, values: dict[str, Any]) -> Job | None:
+        """A plain job (:data:`.inserts.PLAIN`), in a transaction of its own on a kept
+        connection: what :meth:`enqueue` writes for it through the engine, and no more;
+        ``None``, nothing written, while every kept connection is in use."""
+
+        def insert() -> int | None:
+            self.check_file()
+            with self._writer_turn():
+                return kept.insert(values)
+
+        job_id = self._own(insert)
+        if job_id is None:  # every kept connection in use: the engine's pool waits
+            return None
+        job = Job.inserted(job_id, values, self)
+        self.wake()
+        self._announce(job, values)
+        return job
+
     def _produce(
         self,
         options: EnqueueOptions,
@@ -331,11 +378,21 @@ class Store:
 
     def _insert_own(self, insert: Callable[[Connection], T]) -> T:
         """Run ``insert`` in a transaction of the queue's own."""
+
+        def run() -> T:
+            with self.write() as conn:
+                return insert(conn)
+
+        return self._own(run)
+
+    def _own(self, run: Callable[[], T]) -> T:
+        """Run ``run``, a transaction of the queue's own that enqueues: again when the
+        database ended it to break a deadlock; a database that cannot be reached is
+        :class:`QueueUnavailable`, with nothing enqueued."""
         tries = 0
         while True:
             try:
-                with self.write() as conn:
-                    return insert(conn)
+                return run()
             except sa.exc.DBAPIError as exc:
                 tries += 1
                 # A job with dependencies locks them, as finishing them does, and
@@ -703,6 +760,8 @@ class Store:
     def _forked(self) -> None:
         """In a forked child: a pool of its own (SQLAlchemy's recipe, ``dispose(close=
         False)``); the parent's connections are kept aside, never used nor closed."""
+        if self._kept is not None:  # first: disposing the engine closes what is kept
+            _inherited.extend(self._kept.forked())
         _inherited.append(self.engine.pool)
         self.engine.dispose(close=False)
         self.waiters.forked()

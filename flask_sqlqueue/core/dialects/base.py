@@ -12,6 +12,7 @@ standard-library leaves.
 from __future__ import annotations
 
 import functools
+import select
 import threading
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -533,9 +534,54 @@ class DialectOps:
         values = {"key": key, "job_id": job_id, "created_at": now}
         return insert_once(type(self).insert, conn, effects.c.key, values) is not None
 
+    # -- one-job enqueues on kept connections (core/inserts.py) -------------------------
+
+    #: The drivers whose connections :class:`~flask_sqlqueue.core.inserts.KeptInserts`
+    #: may keep and drive directly; with any other, every enqueue goes through the engine.
+    kept_drivers: ClassVar[frozenset[str]] = frozenset()
+
+    def enqueue_statement(self) -> sa.Insert:
+        """The INSERT of one plain job that also tells listening workers: what
+        :meth:`enqueue_job` runs for a job without a key. Default: a plain INSERT."""
+        return sa.insert(jobs)
+
+    def keep_connection(self, dbapi_connection: Any) -> None:
+        """Set up a driver connection kept for enqueues. Default: nothing."""
+
+    def kept_alive(self, dbapi_connection: Any) -> bool:
+        """Whether a kept connection can still be used (checked before each use, without
+        a round trip). Default: ``True`` (a file on this host)."""
+        return True
+
+    def run_enqueue(self, dbapi_connection: Any, sql: str, params: Any) -> int:
+        """Run :meth:`enqueue_statement`, compiled as ``sql``, with ``params`` in a
+        transaction of its own on a kept connection; return the new job's id."""
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(sql, params)
+            return int(cursor.lastrowid)
+        finally:
+            cursor.close()
+
 
 class ServerOps(DialectOps):
     """A database server (PostgreSQL, MariaDB, MySQL), as opposed to a file on this host."""
+
+    def kept_alive(self, dbapi_connection: Any) -> bool:
+        # An idle connection's socket has nothing to read unless the server closed it
+        # (or said why it was about to): readable, or gone, means do not use it.
+        if getattr(dbapi_connection, "closed", False):
+            return False
+        sock = getattr(dbapi_connection, "_sock", None)  # PyMySQL
+        try:
+            fd = sock.fileno() if sock is not None else dbapi_connection.fileno()
+        except Exception:  # closed under us, or no socket to look at
+            return False
+        if fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
 
     def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
         found = dict(options)

@@ -72,6 +72,13 @@ class MySQLOps(ServerOps):
                 supported=["postgresql>=9.5", "mariadb>=10.6", "mysql>=8.0", "sqlite>=3.35"],
             )
 
+    # PyMySQL's socket is read to tell a connection the server closed (ServerOps).
+    kept_drivers = frozenset({"pymysql"})
+
+    def keep_connection(self, dbapi_connection: Any) -> None:
+        # One statement, committed by itself: one round trip per enqueue.
+        dbapi_connection.autocommit(True)
+
     def is_deadlock(self, exc: BaseException) -> bool:
         return _errno(exc) == _DEADLOCK
 

@@ -203,6 +203,23 @@ class PostgresOps(ServerOps):
     def notify(self, conn: Connection) -> None:
         conn.exec_driver_sql(f"NOTIFY {CHANNEL}")
 
+    kept_drivers = frozenset({"psycopg", "psycopg2"})
+
+    def enqueue_statement(self) -> sa.Insert:
+        return _ENQUEUE
+
+    def keep_connection(self, dbapi_connection: Any) -> None:
+        # One statement, committed by itself: one round trip per enqueue.
+        dbapi_connection.autocommit = True
+
+    def run_enqueue(self, dbapi_connection: Any, sql: str, params: Any) -> int:
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(sql, params)
+            return int(cursor.fetchone()[0])
+        finally:
+            cursor.close()
+
     def diagnose(self, conn: Connection) -> list[Finding]:
         driver = conn.dialect.driver
         if listens(driver):

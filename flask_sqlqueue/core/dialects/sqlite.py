@@ -136,6 +136,26 @@ class SQLiteOps(DialectOps):
             else:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
 
+    kept_drivers = frozenset({"pysqlite"})
+
+    def run_enqueue(self, dbapi_connection: Any, sql: str, params: Any) -> int:
+        # The connection is in autocommit mode (isolation_level None, set at connect):
+        # the write lock is taken at BEGIN, as every write transaction here takes it.
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute("BEGIN IMMEDIATE")
+            try:
+                cursor.execute(sql, params)
+                job_id = int(cursor.lastrowid)
+                cursor.execute("COMMIT")
+            except BaseException:
+                if dbapi_connection.in_transaction:
+                    dbapi_connection.rollback()
+                raise
+            return job_id
+        finally:
+            cursor.close()
+
     def claim_statement(self, candidates: sa.Select[tuple[int]]) -> sa.Update:
         return _claim_in(candidates)
 
