@@ -934,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
             "`python -m benchmarks.scaling " + shlex.join(argv) + "`",
             "",
             *common.machine(versions.get("postgres", "not run"), versions.get("mysql", "not run")),
+            common.compile_checkout(),
             *(f"- {s.store} settings: {s.settings()}" for s in servers),
         ]
         sizes = harness.Sizes(jobs=args.jobs, samples=0, drain_cap=args.drain_cap)

@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
         ]
         header += common.machine(pg_version, my_version, redis_version(ctx.redis_url))
+        header.append(common.compile_checkout())
         results = harness.Results()
         measure_all(args, usable, folder, results)
         header.append(common.closing_line(started))
