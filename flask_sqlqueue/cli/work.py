@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
@@ -24,6 +23,7 @@ from .base import app_state
 from .base import clean_errors
 from .base import queue_cli
 from .health import SystemdNotifier
+from .signalwatch import SignalWatch
 
 if TYPE_CHECKING:
     from ..metrics import WorkerServer
@@ -207,7 +207,8 @@ def work_command(
     # Bound before the first claim: a port in use stops the worker with nothing claimed.
     server = None if metrics_port is None else _serve(app, worker, metrics_host, metrics_port)
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
+    def on_signal(signum: int) -> None:
+        # On the signal watch's thread, never in a signal handler (cli/signalwatch.py).
         # Log records, not bare lines: with --log-format json every line parses.
         if worker.stopping:
             log.warning("second signal: exiting now")
@@ -217,15 +218,13 @@ def work_command(
         worker.stop()
         notifier.stopping()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        worker.run(burst=burst)
+        with SignalWatch(on_signal):
+            worker.run(burst=burst)
     finally:
         notifier.stopping()
         if server is not None:
             server.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _watch_health(worker: Worker, notifier: SystemdNotifier, health_file: Path | None) -> None:

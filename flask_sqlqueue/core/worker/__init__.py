@@ -221,7 +221,11 @@ class Worker:
             raise self._upkeep.fatal
 
     def stop(self) -> None:
-        """Claim nothing more; :meth:`run` returns once running jobs finish or the grace ends."""
+        """Claim nothing more; :meth:`run` returns once running jobs finish or the grace ends.
+
+        Not from a signal handler: it sets events, whose locks the interrupted thread may
+        hold. ``flask queue work`` acts on its signals on a thread of its own
+        (``cli/signalwatch.py``)."""
         self._asked_to_stop = True
         self._stopping.set()
         self._wake.set()
