@@ -1,0 +1,322 @@
+"""Cost that does not grow with history: enqueue and drain rates with millions of
+finished jobs in the tables, against the same rates on empty tables, in one run.
+
+    python -m benchmarks.history [--history 5000000] [--jobs 10000] [--enqueues 3000]
+                                 [--only sqlite,postgresql,mariadb] [--runs 2]
+                                 [--postgres URL] [--mysql URL] [--output FILE]
+
+For each backend, a fresh database (SQLite: a file in a temporary folder). First on
+empty tables, then after ``--history`` completed jobs are written in one ``INSERT …
+SELECT`` inside the database (ids in the order they finished, over the last 6.9 days,
+within the default ``SQLQUEUE_KEEP_COMPLETED`` of 7 days, so no worker prunes them
+meanwhile), the same measurements again:
+
+- *enqueue*: ``--enqueues`` calls of ``write.enqueue(i=..., email=...)``, each in an app
+  context of its own and its own transaction, as a web request makes them; jobs/s.
+- *drain*: ``--jobs`` jobs written with ``enqueue_many``, then ``flask queue work --burst``
+  at its defaults (the benchmark's peer app, ``benchmarks/peers/app_sqlqueue.py``, the job
+  ``write(i, email)`` appending a line to a file); *from spawn*: jobs ÷ the worker
+  process's wall time, start-up and exit included; *steady*: jobs ÷ (the last job's
+  ``finished_at`` - the first one's ``started_at``). Every job must be completed once.
+
+On PostgreSQL the fill is followed by ``VACUUM ANALYZE`` of the jobs table, what
+autovacuum does to a table of that age (the figures name the server's ``autovacuum``
+setting); SQLite is left as the queue leaves it (nothing runs ``ANALYZE`` there).
+Each state's figure is the median of ``--runs`` runs; the ratio is history ÷ empty, and
+the target (issue 24) is at least 0.9 for each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from benchmarks.peers import common
+from benchmarks.peers import workload
+
+TARGET = 0.9
+#: Seconds the history spans, newest now: inside the default 7 days of retention.
+SPAN = 6.9 * 86400
+
+_HISTORY_COLUMNS = (
+    "queue, task, payload, status, attempts, max_attempts, rescues, releases, priority, "
+    "run_at, created_at, updated_at, started_at, finished_at, worker_id, snoozes, "
+    "has_dependents"
+)
+
+# Each row: job i of n finished (n - i) * SPAN / n seconds ago, payload like the drain's.
+_FILL = {
+    "sqlite": (
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count) "
+        f"INSERT INTO sqlqueue_jobs ({_HISTORY_COLUMNS}) "
+        "SELECT 'default', 'bench.write', "
+        '\'{"args":[],"kwargs":{"i":\' || i || \',"email":"user\' || i || \'@example.com"}}\', '
+        "'completed', 1, 3, 0, 0, 0, t, t, t, t, t, 'history', 0, 0 FROM "
+        "(SELECT i, strftime('%Y-%m-%d %H:%M:%S', 'now', "
+        "'-' || CAST((:count - i) * :span / :count AS INTEGER) || ' seconds') || '.000000' AS t "
+        "FROM n)"
+    ),
+    "postgresql": (
+        f"INSERT INTO sqlqueue_jobs ({_HISTORY_COLUMNS}) "
+        "SELECT 'default', 'bench.write', "
+        '\'{"args":[],"kwargs":{"i":\' || i || \',"email":"user\' || i || \'@example.com"}}\', '
+        "'completed', 1, 3, 0, 0, 0, t, t, t, t, t, 'history', 0, false FROM "
+        "(SELECT i, now() - ((:count - i) * :span / :count) * interval '1 second' AS t "
+        "FROM generate_series(1, :count) AS i) AS s"
+    ),
+    "mysql": (
+        f"INSERT INTO sqlqueue_jobs ({_HISTORY_COLUMNS}) "
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < :count) "
+        "SELECT 'default', 'bench.write', "
+        'CONCAT(\'{"args":[],"kwargs":{"i":\', i, \',"email":"user\', i, \'@example.com"}}\'), '
+        "'completed', 1, 3, 0, 0, 0, t, t, t, t, t, 'history', 0, 0 FROM "
+        "(SELECT i, UTC_TIMESTAMP(6) - INTERVAL FLOOR((:count - i) * :span / :count) SECOND AS t "
+        "FROM n) AS s"
+    ),
+}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.history", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--history", type=int, default=5_000_000)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--enqueues", type=int, default=3_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--only", default="sqlite,postgresql")
+    parser.add_argument("--postgres", default=common.DEFAULT_POSTGRES)
+    parser.add_argument("--mysql", default=common.DEFAULT_MYSQL)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    for name in ("history", "jobs", "enqueues", "runs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    args.only = [b.strip() for b in args.only.split(",") if b.strip()]
+    unknown = set(args.only) - {"sqlite", "postgresql", "mariadb"}
+    if unknown:
+        parser.error(f"--only: unknown backend(s) {', '.join(sorted(unknown))}")
+    return args
+
+
+@contextlib.contextmanager
+def database(backend: str, args: argparse.Namespace, folder: Path) -> Iterator[str]:
+    """A fresh database for ``backend``, as a SQLAlchemy URL."""
+    if backend == "sqlite":
+        yield f"sqlite:///{folder / 'history.db'}"
+    elif backend == "postgresql":
+        with common.postgres_database(args.postgres, "history") as url:
+            yield url.replace("postgresql://", "postgresql+psycopg://", 1)
+    else:
+        with common.mysql_database(args.mysql, "history") as url:
+            yield url
+
+
+def enqueue_rate(url: str, count: int, start: int) -> float:
+    """One-commit enqueues per second, each in an app context of its own."""
+    from benchmarks.peers import app_sqlqueue
+
+    app = app_sqlqueue.create_app(url)
+    store = app.extensions["sqlqueue"].store
+    try:
+        with app.app_context():
+            first = app_sqlqueue.write.enqueue(i=start, email=workload.email_of(start))  # warm
+        began = time.perf_counter()
+        for i in range(start + 1, start + 1 + count):
+            with app.app_context():
+                app_sqlqueue.write.enqueue(i=i, email=workload.email_of(i))
+        rate = count / (time.perf_counter() - began)
+        # Not the drain's: taken out again, so the drain runs exactly its own jobs.
+        with store.engine.begin() as conn:
+            gone = conn.execute(
+                sa.text("DELETE FROM sqlqueue_jobs WHERE id >= :first"), {"first": first.id}
+            ).rowcount
+        if gone != count + 1:
+            raise common.BenchError(f"{gone} of the {count + 1} jobs enqueued were found")
+        return rate
+    finally:
+        store.engine.dispose()
+
+
+def drain_rates(url: str, jobs: int, folder: Path) -> tuple[float, float]:
+    """``jobs`` jobs drained by ``flask queue work --burst``: (from spawn, steady) jobs/s."""
+    from benchmarks.peers import app_sqlqueue
+    from flask_sqlqueue import Call
+
+    app = app_sqlqueue.create_app(url)
+    store = app.extensions["sqlqueue"].store
+    try:
+        with store.engine.connect() as conn:
+            floor = conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM sqlqueue_jobs")).scalar()
+        with app.app_context():
+            for start in range(0, jobs, 5_000):
+                calls = [
+                    Call(kwargs={"i": i, "email": workload.email_of(i)})
+                    for i in range(start, min(jobs, start + 5_000))
+                ]
+                app_sqlqueue.write.enqueue_many(calls)
+    finally:
+        store.engine.dispose()
+    output = folder / f"drain-{time.monotonic_ns()}.out"
+    output.touch()
+    env = common.base_env(
+        FLASK_APP="benchmarks.peers.app_sqlqueue:create_app",
+        BENCH_DATABASE_URI=url,
+        **{workload.OUTPUT: str(output)},
+    )
+    log = folder / "worker.log"
+    with open(log, "ab") as sink:
+        began = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-m", "flask", "queue", "work", "--burst"],
+            env=env,
+            cwd=common.ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            timeout=1800,
+        )
+        wall = time.perf_counter() - began
+    if done.returncode != 0:
+        raise common.BenchError(f"the worker exited with {done.returncode}: see {log}")
+    lines = output.read_text().splitlines()
+    if len(lines) != jobs or len(set(lines)) != jobs:
+        raise common.BenchError(f"{len(lines)} lines ({len(set(lines))} distinct) for {jobs} jobs")
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            completed, first, last = conn.execute(
+                sa.text(
+                    "SELECT count(*), min(started_at), max(finished_at) FROM sqlqueue_jobs "
+                    "WHERE id > :floor AND status = 'completed'"
+                ),
+                {"floor": floor},
+            ).one()
+    finally:
+        engine.dispose()
+    if completed != jobs:
+        raise common.BenchError(f"{completed} of {jobs} jobs completed")
+    if isinstance(first, str):  # SQLite keeps times as text
+        first, last = datetime.fromisoformat(first), datetime.fromisoformat(last)
+    return jobs / wall, jobs / (last - first).total_seconds()
+
+
+def fill_history(url: str, backend: str, count: int) -> tuple[float, str]:
+    """Write ``count`` completed jobs; returns the seconds it took and what ran after."""
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    kind = "mysql" if backend == "mariadb" else backend
+    after = "nothing"
+    try:
+        began = time.perf_counter()
+        with engine.begin() as conn:
+            if kind == "mysql":
+                conn.exec_driver_sql(f"SET SESSION max_recursive_iterations = {count + 1}")
+            conn.execute(sa.text(_FILL[kind]), {"count": count, "span": SPAN})
+        took = time.perf_counter() - began
+        if kind == "postgresql":
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql("VACUUM ANALYZE sqlqueue_jobs")
+                setting = conn.exec_driver_sql("SHOW autovacuum").scalar()
+            after = f"`VACUUM ANALYZE sqlqueue_jobs` (the server's autovacuum: {setting})"
+        elif kind == "mysql":
+            with engine.begin() as conn:
+                conn.exec_driver_sql("ANALYZE TABLE sqlqueue_jobs")
+            after = "`ANALYZE TABLE sqlqueue_jobs`, as InnoDB's statistics update does"
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT count(*) FROM sqlqueue_jobs")).scalar()
+        if rows is None or rows < count:
+            raise common.BenchError(f"the fill wrote {rows} rows of {count}")
+        return took, after
+    finally:
+        engine.dispose()
+
+
+def measure(url: str, args: argparse.Namespace, folder: Path, start: int) -> dict[str, float]:
+    enqueues, spawns, steadies = [], [], []
+    for run in range(args.runs):
+        enqueues.append(enqueue_rate(url, args.enqueues, start + run * (args.enqueues + 1)))
+        spawn, steady = drain_rates(url, args.jobs, folder)
+        spawns.append(spawn)
+        steadies.append(steady)
+    return {
+        "enqueue": statistics.median(enqueues),
+        "drain from spawn": statistics.median(spawns),
+        "drain steady": statistics.median(steadies),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
+    header = [
+        "# flask_sqlqueue with a long history",
+        "",
+        "`python -m benchmarks.history " + " ".join(sys.argv[1:] if argv is None else argv) + "`",
+        "",
+        *common.machine("see below", "see below"),
+        common.compile_checkout(),
+    ]
+    table = [
+        "| backend | figure | empty tables | with history | history ÷ empty | target |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    notes: list[str] = []
+    errors: list[str] = []
+    for backend in args.only:
+        with common.temp_dir("sqlqueue-history-") as folder, database(backend, args, folder) as url:
+            try:
+                from benchmarks.peers import app_sqlqueue
+
+                app = app_sqlqueue.create_app(url)
+                app_sqlqueue.queue.upgrade_database(app=app)
+                app.extensions["sqlqueue"].store.engine.dispose()
+                empty = measure(url, args, folder, 10_000_000)
+                took, after = fill_history(url, backend, args.history)
+                notes.append(
+                    f"- {backend}: {args.history:,} completed jobs written in {took:.0f} s; "
+                    f"then {after}"
+                )
+                full = measure(url, args, folder, 20_000_000)
+            except common.BenchError as exc:
+                errors.append(f"- {backend}: {exc}")
+                continue
+        for figure, value in empty.items():
+            ratio = full[figure] / value
+            status = "met" if ratio >= TARGET else "**not met**"
+            table.append(
+                f"| {backend} | {figure} (jobs/s) | {value:,.0f} | {full[figure]:,.0f} | "
+                f"{ratio:.2f}x | ≥ {TARGET}x: {status} |"
+            )
+    header.append(common.closing_line(started))
+    text = "\n".join(
+        [
+            *header,
+            "",
+            f"{args.jobs:,} jobs per drain, {args.enqueues:,} enqueues, medians of {args.runs} "
+            f"run(s) per state; {args.history:,} completed jobs of history.",
+            "",
+            *table,
+            "",
+            *notes,
+            "",
+            "### Errors",
+            "",
+            *(errors or ["none"]),
+        ]
+    )
+    common.publish(text, args.output)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
