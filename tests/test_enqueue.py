@@ -6,6 +6,7 @@ The app fixtures are conftest's ``sq_app`` and ``ctx``.
 from __future__ import annotations
 
 import inspect
+import logging
 import re
 from collections.abc import Iterator
 from datetime import UTC
@@ -877,20 +878,38 @@ def test_retry_too_far_ahead_spends_only_its_own_attempt(make_app: Any, database
     assert before + timedelta(hours=1) <= job.run_at <= after + timedelta(hours=1, seconds=1)
 
 
-def test_a_backoff_past_the_latest_time_waits_until_then(database_uri: str) -> None:
+@pytest.mark.parametrize(
+    "far",
+    [1e12, 1e300, 10**400, timedelta(days=999_999_999)],
+    ids=["1e12", "1e300", "10**400", "timedelta"],
+)
+def test_a_backoff_past_the_latest_time_is_refused_and_the_default_taken(
+    database_uri: str, far: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = SQLQueue()
 
-    @queue.task(name="far_backoff", backoff=lambda attempt: 1e12, max_attempts=3)
+    @queue.task(name="far_backoff", backoff=lambda attempt: far, max_attempts=3)
     def far_backoff() -> None:
         raise RuntimeError("down")
 
-    app = _queue_app(queue, database_uri)
+    # The queue's backoff puts the next attempt an hour away, where a burst stops.
+    app = _queue_app(queue, database_uri, SQLQUEUE_BACKOFF_BASE=3600)
     try:
         with app.app_context():
             job = far_backoff.enqueue()
-            queue.worker(WorkerOptions(poll_interval=0.05), app).run(burst=True)
+            before = queue.state().store.now()
+            with caplog.at_level(logging.ERROR, logger="flask_sqlqueue.worker"):
+                queue.worker(WorkerOptions(poll_interval=0.05), app).run(burst=True)
+            after = queue.state().store.now()
             job.refresh()
     finally:
         _dispose(app)
-    assert (job.status, job.attempts, job.run_at) == (JobStatus.PENDING, 1, LATEST_RUN_AT)
+    assert (job.status, job.attempts) == (JobStatus.PENDING, 1)
     assert job.last_error == "RuntimeError: down"
+    # Said, and not parked at the end of time: the queue's own backoff, its one-hour cap.
+    assert any(
+        "task far_backoff: backoff failed" in r.getMessage()
+        and "the latest time the queue stores" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
+    assert before + timedelta(hours=1) <= job.run_at <= after + timedelta(hours=1, seconds=1)

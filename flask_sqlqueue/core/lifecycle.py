@@ -23,6 +23,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..bounds import LATEST_RUN_AT
+from ..bounds import longest_delay
 from ..config import default
 from ..exceptions import SQLQueueError
 from . import dependencies
@@ -75,14 +77,25 @@ class Backoff:
 def own_delay(backoff: BackoffFunc, attempt: int) -> float:
     """A task's own ``backoff`` after attempt ``attempt`` failed, in seconds.
 
-    :raises ValueError: it gave a delay that is not a finite number of seconds, 0 or more
-        (and whatever ``backoff`` itself raises).
+    :raises ValueError: it gave a delay that is not a finite number of seconds, 0 or more,
+        or one that would make the next attempt due after
+        :data:`~flask_sqlqueue.bounds.LATEST_RUN_AT`, as ``Retry`` refuses it (and
+        whatever ``backoff`` itself raises).
     """
     delay = backoff(attempt)
-    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
-    if math.isfinite(seconds) and seconds >= 0:
-        return seconds
-    raise ValueError(f"backoff returned {delay!r}")
+    try:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
+    shown = cut_text(repr(delay), 80)
+    if not seconds >= 0:  # NaN too
+        raise ValueError(f"backoff returned {shown}, not a number of seconds, 0 or more")
+    if seconds > longest_delay(utcnow()):  # infinity too
+        raise ValueError(
+            f"backoff returned {shown}, which would make the next attempt due after "
+            f"{LATEST_RUN_AT:%Y-%m-%d} (UTC), the latest time the queue stores"
+        )
+    return seconds
 
 
 #: Characters of an error's type kept in its record.
