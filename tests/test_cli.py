@@ -803,6 +803,9 @@ def test_enqueue_with_the_same_idempotency_key_makes_one_job(flask_app: Flask) -
         ([ADD, "--priority", "99999999999"], "priority"),
         ([ADD, "--delay", "inf"], "delay"),
         ([ADD, "--idempotency-key", ""], "idempotency_key"),
+        # A command line's undecodable bytes, as Python's surrogateescape gives them.
+        ([ADD, "--idempotency-key", "k\udcff"], "valid Unicode text"),
+        ([ADD, "--unique", "--unique-key", "k\udcff"], "Unique(key='k\\udcff')"),
         ([ADD, "--args", "[1, 2, 3]"], "does not take these arguments (too many positional"),
         ([ADD, "--args", "[1, 2]", "--kwargs", '{"c": 3}'], "unexpected keyword argument 'c'"),
         ([ADD, "--args", "[1, 2]", "--delay", "1e12"], "due after 9999-12-30 (UTC)"),

@@ -30,6 +30,7 @@ from flask_sqlqueue import Job
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import Retry
 from flask_sqlqueue import SQLQueue
+from flask_sqlqueue import Unique
 from flask_sqlqueue import UnknownTask
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.bounds import EARLIEST_RUN_AT
@@ -913,3 +914,21 @@ def test_a_backoff_past_the_latest_time_is_refused_and_the_default_taken(
         for r in caplog.records
     ), [r.getMessage() for r in caplog.records]
     assert before + timedelta(hours=1) <= job.run_at <= after + timedelta(hours=1, seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("using", "fragment"),
+    [
+        ({"idempotency_key": "order-\ud800"}, r"idempotency_key='order-\\ud800' must be"),
+        ({"unique": lambda: Unique(key="k\udcff")}, r"Unique\(key='k\\udcff'\)"),
+    ],
+    ids=["idempotency key", "unique key"],
+)
+def test_a_key_that_is_not_unicode_is_refused_naming_it(
+    ctx: Flask, database_uri: str, using: dict[str, Any], fragment: str
+) -> None:
+    with pytest.raises(ValueError, match=fragment) as raised:
+        options = {k: (v() if callable(v) else v) for k, v in using.items()}
+        sample_app.add.using(**options).enqueue(1, 2)
+    assert "valid Unicode text" in str(raised.value)
+    assert query(database_uri, "SELECT count(*) FROM sqlqueue_jobs") == [(0,)]

@@ -33,6 +33,7 @@ from ..bounds import longest_delay
 from . import tags as _tags
 from .jobs import Job
 from .models import JobStatus
+from .payload import is_unicode
 from .uniqueness import Unique
 
 if TYPE_CHECKING:
@@ -205,8 +206,11 @@ def check_options(
 
 
 def check_key(key: object, what: str) -> str:
-    if not isinstance(key, str) or not 1 <= len(key) <= 255 or "\x00" in key:
-        raise ValueError(f"{what}={key!r} must be a string of 1-255 characters without NUL.")
+    if not isinstance(key, str) or not 1 <= len(key) <= 255 or "\x00" in key or not is_unicode(key):
+        raise ValueError(
+            f"{what}={key!r} must be a string of 1-255 characters of valid Unicode text, "
+            "without NUL."
+        )
     return key
 
 

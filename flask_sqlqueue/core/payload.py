@@ -89,13 +89,21 @@ def _check_int(value: int, path: str) -> None:
         )
 
 
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode: no lone surrogate (what ``surrogateescape``
+    makes of a command line's undecodable bytes), so that every database stores it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_str(value: str, path: str) -> None:
     if "\x00" in value:
         raise PayloadValueError(path, value, "contains a NUL character, which databases refuse")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise PayloadValueError(path, value, "is not valid Unicode text") from None
+    if not is_unicode(value):
+        raise PayloadValueError(path, value, "is not valid Unicode text")
 
 
 def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any], version: int = 1) -> str:

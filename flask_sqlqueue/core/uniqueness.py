@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection
 from .models import JobStatus
 from .models import jobs
 from .payload import decode_payload
+from .payload import is_unicode
 
 Scope = Literal["pending", "active", "any"]
 OnConflict = Literal["skip", "replace"]
@@ -79,10 +80,14 @@ class Unique:
 
     def __post_init__(self) -> None:
         if self.key is not None and (
-            not isinstance(self.key, str) or not 1 <= len(self.key) <= MAX_KEY or "\x00" in self.key
+            not isinstance(self.key, str)
+            or not 1 <= len(self.key) <= MAX_KEY
+            or "\x00" in self.key
+            or not is_unicode(self.key)
         ):
             raise ValueError(
-                f"Unique(key={self.key!r}): pass a string of 1-255 characters without NUL, "
+                f"Unique(key={self.key!r}): pass a string of 1-255 characters of valid "
+                "Unicode text, without NUL, "
                 "or None to make the task's arguments the key."
             )
         if self.scope not in SCOPES:
