@@ -1,7 +1,8 @@
 """Cost that does not grow with history: enqueue and drain rates with millions of
 finished jobs in the tables, against the same rates on empty tables, in one run.
 
-    python -m benchmarks.history [--history 5000000] [--jobs 10000] [--enqueues 3000]
+    python -m benchmarks.history [--history 5000000] [--prune 1000000] [--jobs 10000]
+                                 [--enqueues 3000]
                                  [--only sqlite,postgresql,mariadb] [--runs 2]
                                  [--postgres URL] [--mysql URL] [--output FILE]
 
@@ -18,6 +19,13 @@ meanwhile), the same measurements again:
   ``write(i, email)`` appending a line to a file); *from spawn*: jobs ÷ the worker
   process's wall time, start-up and exit included; *steady*: jobs ÷ (the last job's
   ``finished_at`` - the first one's ``started_at``). Every job must be completed once.
+
+Then *pruning*: the oldest ``--prune`` of those jobs are made 8 days old (past the
+retention), and a process runs the workers' own retention rounds (``Worker.prune()``:
+batches of 500 rows, each a short transaction of its own) back to back until none is
+left, while drains of ``--jobs`` jobs run one after another beside it (at most 5); the
+figures are those drains' median ÷ the drain with history (target ≥ 0.9: pruning does
+not block the workers) and the rows pruned per second.
 
 On PostgreSQL the fill is followed by ``VACUUM ANALYZE`` of the jobs table, what
 autovacuum does to a table of that age (the figures name the server's ``autovacuum``
@@ -43,6 +51,8 @@ import sqlalchemy as sa
 
 from benchmarks.peers import common
 from benchmarks.peers import workload
+from benchmarks.peers.__main__ import mysql_version
+from benchmarks.peers.__main__ import postgres_version
 
 TARGET = 0.9
 #: Seconds the history spans, newest now: inside the default 7 days of retention.
@@ -91,6 +101,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         prog="python -m benchmarks.history", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--history", type=int, default=5_000_000)
+    parser.add_argument("--prune", type=int, default=1_000_000)
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--enqueues", type=int, default=3_000)
     parser.add_argument("--runs", type=int, default=2)
@@ -99,9 +110,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--mysql", default=common.DEFAULT_MYSQL)
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
-    for name in ("history", "jobs", "enqueues", "runs"):
+    for name in ("history", "prune", "jobs", "enqueues", "runs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if args.prune > args.history:
+        parser.error("--prune cannot be more than --history")
     args.only = [b.strip() for b in args.only.split(",") if b.strip()]
     unknown = set(args.only) - {"sqlite", "postgresql", "mariadb"}
     if unknown:
@@ -240,6 +253,83 @@ def fill_history(url: str, backend: str, count: int) -> tuple[float, str]:
         engine.dispose()
 
 
+_AGE = {
+    "sqlite": (
+        "UPDATE sqlqueue_jobs SET finished_at = strftime('%Y-%m-%d %H:%M:%S', finished_at, "
+        "'-8 days') || '.000000', updated_at = finished_at WHERE id BETWEEN :low AND :high"
+    ),
+    "postgresql": (
+        "UPDATE sqlqueue_jobs SET finished_at = finished_at - interval '8 days', "
+        "updated_at = finished_at - interval '8 days' WHERE id BETWEEN :low AND :high"
+    ),
+    "mysql": (
+        "UPDATE sqlqueue_jobs SET finished_at = finished_at - INTERVAL 8 DAY, "
+        "updated_at = finished_at WHERE id BETWEEN :low AND :high"
+    ),
+}
+
+# The workers' own retention rounds, back to back, until one finds nothing to prune.
+_PRUNER = """
+import sys, time
+from benchmarks.peers import app_sqlqueue
+app = app_sqlqueue.create_app()
+worker = app_sqlqueue.queue.worker(None, app)
+began, total = time.perf_counter(), 0
+while True:
+    pruned = worker.prune()
+    total += pruned.total
+    if not pruned.more:
+        break
+print(total, time.perf_counter() - began)
+"""
+
+
+def pruning(url: str, backend: str, args: argparse.Namespace, folder: Path) -> dict[str, float]:
+    """Drains while ``args.prune`` expired jobs are pruned beside them (see the module's
+    docs): the drains' median rates, and the rows pruned per second."""
+    kind = "mysql" if backend == "mariadb" else backend
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.begin() as conn:
+            low = conn.execute(
+                sa.text("SELECT min(id) FROM sqlqueue_jobs WHERE worker_id = 'history'")
+            ).scalar_one()
+            conn.execute(sa.text(_AGE[kind]), {"low": low, "high": low + args.prune - 1})
+        if kind == "postgresql":
+            with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+                conn.exec_driver_sql("VACUUM ANALYZE sqlqueue_jobs")
+    finally:
+        engine.dispose()
+    env = common.base_env(FLASK_APP="", BENCH_DATABASE_URI=url)
+    pruner = subprocess.Popen(
+        [sys.executable, "-c", _PRUNER], env=env, cwd=common.ROOT, stdout=subprocess.PIPE, text=True
+    )
+    spawns, steadies = [], []
+    try:
+        while pruner.poll() is None and len(spawns) < 5:
+            spawn, steady = drain_rates(url, args.jobs, folder)
+            spawns.append(spawn)
+            steadies.append(steady)
+        out, _ = pruner.communicate(timeout=3600)
+    finally:
+        if pruner.poll() is None:
+            pruner.kill()
+            pruner.wait()
+    if pruner.returncode != 0:
+        raise common.BenchError(f"the pruning process exited with {pruner.returncode}")
+    total, seconds = out.split()
+    if int(total) != args.prune:
+        raise common.BenchError(f"{total} jobs pruned of the {args.prune:,} expired")
+    if not spawns:
+        raise common.BenchError("pruning ended before the first drain began")
+    return {
+        "drain from spawn": statistics.median(spawns),
+        "drain steady": statistics.median(steadies),
+        "pruned rows/s": int(total) / float(seconds),
+        "drains": len(spawns),
+    }
+
+
 def measure(url: str, args: argparse.Namespace, folder: Path, start: int) -> dict[str, float]:
     enqueues, spawns, steadies = [], [], []
     for run in range(args.runs):
@@ -262,7 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "`python -m benchmarks.history " + " ".join(sys.argv[1:] if argv is None else argv) + "`",
         "",
-        *common.machine("see below", "see below"),
+        *common.machine(
+            postgres_version(args.postgres) if "postgresql" in args.only else "not run",
+            mysql_version(args.mysql) if "mariadb" in args.only else "not run",
+        ),
         common.compile_checkout(),
     ]
     table = [
@@ -286,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"then {after}"
                 )
                 full = measure(url, args, folder, 20_000_000)
+                pruned = pruning(url, backend, args, folder)
             except common.BenchError as exc:
                 errors.append(f"- {backend}: {exc}")
                 continue
@@ -296,6 +390,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {backend} | {figure} (jobs/s) | {value:,.0f} | {full[figure]:,.0f} | "
                 f"{ratio:.2f}x | ≥ {TARGET}x: {status} |"
             )
+        for figure in ("drain from spawn", "drain steady"):
+            ratio = pruned[figure] / full[figure]
+            status = "met" if ratio >= TARGET else "**not met**"
+            table.append(
+                f"| {backend} | {figure} while pruning (jobs/s) | — | {pruned[figure]:,.0f} | "
+                f"{ratio:.2f}x of history | ≥ {TARGET}x: {status} |"
+            )
+        notes.append(
+            f"- {backend}: {args.prune:,} expired jobs pruned at {pruned['pruned rows/s']:,.0f} "
+            f"rows/s by back-to-back retention rounds, beside {pruned['drains']:.0f} drain(s)"
+        )
     header.append(common.closing_line(started))
     text = "\n".join(
         [
