@@ -318,8 +318,19 @@ def pruning(url: str, backend: str, args: argparse.Namespace, folder: Path) -> d
     if pruner.returncode != 0:
         raise common.BenchError(f"the pruning process exited with {pruner.returncode}")
     total, seconds = out.split()
-    if int(total) != args.prune:
-        raise common.BenchError(f"{total} jobs pruned of the {args.prune:,} expired")
+    # The drains' workers prune too, as every worker does now and then: what counts is
+    # that none of the expired jobs is left.
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            left = conn.execute(
+                sa.text("SELECT count(*) FROM sqlqueue_jobs WHERE id BETWEEN :low AND :high"),
+                {"low": low, "high": low + args.prune - 1},
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    if left:
+        raise common.BenchError(f"{left:,} of the {args.prune:,} expired jobs were not pruned")
     if not spawns:
         raise common.BenchError("pruning ended before the first drain began")
     return {
@@ -398,8 +409,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{ratio:.2f}x of history | ≥ {TARGET}x: {status} |"
             )
         notes.append(
-            f"- {backend}: {args.prune:,} expired jobs pruned at {pruned['pruned rows/s']:,.0f} "
-            f"rows/s by back-to-back retention rounds, beside {pruned['drains']:.0f} drain(s)"
+            f"- {backend}: {args.prune:,} expired jobs pruned, at {pruned['pruned rows/s']:,.0f} "
+            f"rows/s by back-to-back retention rounds (and now and then by the drains' "
+            f"workers), beside {pruned['drains']:.0f} drain(s)"
         )
     header.append(common.closing_line(started))
     text = "\n".join(

@@ -12,6 +12,17 @@ from datetime import timedelta
 from .bounds import LATEST_RUN_AT
 from .bounds import longest_delay
 
+#: Ids an error message names at most; the rest are counted.
+IDS_SHOWN = 20
+
+
+def ids_text(ids: Iterable[object]) -> str:
+    """``ids`` for an error message: all of them if few, else the first
+    :data:`IDS_SHOWN` and how many in all."""
+    listed = list(ids)
+    shown = ", ".join(map(str, listed[:IDS_SHOWN]))
+    return shown if len(listed) <= IDS_SHOWN else f"{shown}... ({len(listed):,} in all)"
+
 
 class SQLQueueError(Exception):
     """Root of every error raised by flask_sqlqueue."""

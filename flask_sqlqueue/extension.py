@@ -600,12 +600,13 @@ class QueueExtension:
         session: Session | scoped_session[Any] | Connection | None = None,
     ) -> Batch:
         """Enqueue ``steps`` as a batch with callbacks, all in one transaction
-        (``session``'s, if given). Each callback is a job that runs at most once:
-        ``on_success`` once every member completed (it ends cancelled as soon as one
-        ends dead or cancelled), ``on_failure`` once every member finished and one did
-        not complete (cancelled if all completed), ``on_complete`` once every member
-        finished, whatever the outcome. A callback reads the members' results from
-        ``current_job.dependency_results``.
+        (``session``'s, if given). Each callback is one job, made pending (or
+        cancelled) once: ``on_success`` once every member completed (it ends cancelled
+        as soon as one ends dead or cancelled), ``on_failure`` once every member
+        finished and one did not complete (cancelled if all completed), ``on_complete``
+        once every member finished, whatever the outcome. It then runs as every job
+        does, at least once: a callback whose worker dies mid-run runs again. A callback
+        reads the members' results from ``current_job.dependency_results``.
 
         :param label: a name for the batch, for people (at most 255 characters).
         :returns: the batch: its ``id``, ``jobs``, ``progress()`` and ``cancel()``.

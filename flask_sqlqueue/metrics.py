@@ -293,11 +293,14 @@ class WorkerServer(ThreadingHTTPServer):
     """
 
     daemon_threads = True
+    #: Connections served at once (a thread each); one more is closed unanswered.
+    max_connections = 32
 
     def __init__(self, address: tuple[str, int], app: Flask, health: Callable[[], Health]) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.health = health
+        self._slots = threading.BoundedSemaphore(self.max_connections)
         self.registry = CollectorRegistry()
         super().__init__(address, _WorkerHandler)  # binds first: nothing to undo if it fails
         ProcessCollector(registry=self.registry)
@@ -306,6 +309,24 @@ class WorkerServer(ThreadingHTTPServer):
             target=self.serve_forever, name="sqlqueue-metrics", daemon=True
         )
         self._thread.start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # A thread per connection, as many as max_connections: idle clients holding
+        # connections open cannot pile threads up (each also times out, _WorkerHandler).
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def close(self) -> None:
         """Stop serving, close the socket and stop counting."""
@@ -327,6 +348,9 @@ def serve_worker(app: Flask, health: Callable[[], Health], host: str, port: int)
 
 class _WorkerHandler(BaseHTTPRequestHandler):
     server: WorkerServer
+    #: Seconds a client may take to send its request (and to read the answer): a
+    #: scraper or a probe sends it at once.
+    timeout = 5
 
     def do_GET(self) -> None:
         path = urlsplit(self.path).path

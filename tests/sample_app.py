@@ -15,6 +15,7 @@ from flask import Flask
 from flask_sqlqueue import PermanentFailure
 from flask_sqlqueue import Retry
 from flask_sqlqueue import SQLQueue
+from flask_sqlqueue import Unique
 from flask_sqlqueue import current_job
 
 queue = SQLQueue()
@@ -69,6 +70,12 @@ def fails_with_odd_text() -> None:
 @queue.task
 def bad_result() -> object:
     return object()
+
+
+@queue.task(unique=Unique())
+def single(n: int) -> int:
+    """At most one pending job per argument (docs/uniqueness.md)."""
+    return n
 
 
 @queue.task

@@ -218,6 +218,28 @@ def test_duplicate_enqueues_a_copy_with_fresh_attempts(admin: Admin) -> None:
     assert (actor, action, audited, detail) == (ACTOR, "duplicate", source.id, {"new_job": copy_id})
 
 
+def test_duplicate_of_a_unique_job_whose_key_is_held_says_so_and_changes_nothing(
+    admin: Admin,
+) -> None:
+    with admin.ctx():
+        source = sample_app.single.enqueue(7)  # pending: it holds its own key
+    response = admin.post(f"/jobs/{source.id}/duplicate")
+    assert response.status_code == 409
+    page = response.get_data(as_text=True)
+    assert f"Job {source.id} was not duplicated" in page
+    assert f"job {source.id} (pending) holds the copy&#39;s key" in page
+    assert query(admin.database_uri, "SELECT count(*) FROM sqlqueue_jobs") == [(1,)]
+    assert audit_rows(admin.database_uri) == []
+    # Once the key is free (the job ran), the copy is made and audited.
+    admin.work()
+    response = admin.post(f"/jobs/{source.id}/duplicate")
+    assert response.status_code == 303
+    copy_id = int(response.headers["Location"].rsplit("/", 1)[1])
+    assert copy_id != source.id
+    [(_actor, action, audited, detail)] = audit_rows(admin.database_uri)
+    assert (action, audited, detail) == ("duplicate", source.id, {"new_job": copy_id})
+
+
 # -- the audit log -----------------------------------------------------------------------------
 
 
@@ -479,6 +501,17 @@ def test_cli_duplicate_and_audit(flask_app: Flask) -> None:
     assert "duplicate" in listing.output and f"new_job={copy_id}" in listing.output
     assert len(audit_rows(uri)) == 1
     assert_error(cli(flask_app, "duplicate", "999999"), "No job with id 999999")
+
+
+def test_cli_duplicate_of_a_unique_job_whose_key_is_held_is_refused(flask_app: Flask) -> None:
+    uri = flask_app.config["SQLQUEUE_DATABASE_URI"]
+    with flask_app.app_context():
+        source = sample_app.single.enqueue(8)
+    result = cli(flask_app, "duplicate", str(source.id))
+    assert_error(result, f"job {source.id} (pending) holds the copy's key; nothing enqueued")
+    assert "is a copy" not in result.output
+    assert query(uri, "SELECT count(*) FROM sqlqueue_jobs") == [(1,)]
+    assert audit_rows(uri) == []
 
 
 def test_cli_purge_audit_deletes_only_old_entries(flask_app: Flask) -> None:

@@ -119,11 +119,22 @@ def test_a_finished_job_in_the_batch_refuses_all(control_app: Flask) -> None:  #
     store = c.store_of(app)
     update = {"status": "running", "claim_token": "t"}
     c.update(app, pending.id, **update)
-    with pytest.raises(InvalidTransition, match=f"{done.id} is completed; nothing cancelled"):
+    with pytest.raises(
+        InvalidTransition, match=f"Cannot cancel job {done.id}: it is completed; nothing cancelled"
+    ):
         store.run_write(
             lambda conn: lifecycle.cancel_jobs(conn, [pending.id, done.id], store.now())
         )
     assert c.row(app, pending.id).cancel_requested_at is None
+    # Two that cannot: each with its state, in one sentence.
+    with app.app_context():
+        also = c.add.enqueue(5, 6)
+    c.burst(app)
+    with pytest.raises(
+        InvalidTransition,
+        match=rf"Cannot cancel jobs {done.id} \(completed\), {also.id} \(completed\); nothing",
+    ):
+        store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [done.id, also.id], store.now()))
 
 
 def test_release_and_rescue_of_a_job_asked_to_stop_end_cancelled(control_app: Flask) -> None:  # noqa: F811

@@ -154,6 +154,14 @@ def test_unknown_dependency_ids_are_refused_and_nothing_is_written(workflow_app:
             w.step.using(depends_on=[a.id + 7]).enqueue_many([((), {})] * 3)
         with pytest.raises(ValueError, match=f"no job with id {a.id + 7};"):
             w.queue.enqueue("workflow.step", depends_on=[a.id + 7])
+        # Thousands missing: the first twenty are named, the rest counted.
+        many = [a.id + 100 + n for n in range(5_000)]
+        with pytest.raises(ValueError) as raised:
+            w.step.using(depends_on=many).enqueue()
+        message = str(raised.value)
+        assert f"no job with id {a.id + 100}, {a.id + 101}," in message
+        assert f"{a.id + 119}... (5,000 in all);" in message
+        assert str(a.id + 120) not in message and len(message) < 400
     assert job_count(app) == before
     assert edges(app) == set()
     assert not w.row(app, a.id).has_dependents

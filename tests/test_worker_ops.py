@@ -270,6 +270,10 @@ def _probe_through_an_outage(
             wait_for(lambda: get(port, "/readyz")[0] == 503, "readiness lost", timeout=WAIT)
             status, reason = get(port, "/readyz")
             assert status == 503 and ("heartbeat" in reason), reason
+            # The reason, not where the database is: no host, port, name or file.
+            url = sa.make_url(database_uri)
+            where = [str(p) for p in (url.host, url.port, url.database) if p]
+            assert not [w for w in where if w in reason], reason
             # No healthy beat while the database is away: the file ages.
             stale = health_file.stat().st_mtime_ns
             time.sleep(scaled(3 * 0.75))
@@ -582,3 +586,32 @@ def test_an_idle_process_worker_stops_at_sigterm_with_its_children_and_port(
     assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], children
     with pytest.raises(OSError):  # the port closed with the process
         get(port, "/healthz")
+
+
+@pytest.mark.sqlite_only
+def test_idle_connections_to_the_worker_port_are_bounded_and_timed_out(
+    make_app: Any, database_uri: str
+) -> None:
+    from flask_sqlqueue.metrics import WorkerServer
+
+    make_app()
+    port = free_port()
+    with worker_process(database_uri, "--metrics-port", str(port)) as proc:
+        serving(proc, port)
+        threads = len(list(Path(f"/proc/{proc.pid}/task").iterdir()))
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(200)]
+        try:
+            time.sleep(1.0)  # each accepted: a thread for each one served
+            grown = len(list(Path(f"/proc/{proc.pid}/task").iterdir())) - threads
+            assert grown <= WorkerServer.max_connections, grown
+            # The server closes every one of them: unanswered at once beyond the
+            # bound, after its timeout for those it served (they never sent a request).
+            began = time.monotonic()
+            for sock in idle:
+                assert sock.recv(1) == b""
+            assert time.monotonic() - began < scaled(30.0)
+        finally:
+            for sock in idle:
+                sock.close()
+        # And a probe after them is answered as ever.
+        assert get(port, "/healthz") == (200, "ok\n")

@@ -49,6 +49,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..exceptions import ids_text
 from .models import JobStatus
 from .models import dependencies
 from .models import jobs
@@ -147,7 +148,7 @@ def prepare(
         found.update((job_id, (COMPLETED, True)) for job_id in missing)
     elif missing:
         raise ValueError(
-            f"depends_on names no job with id {', '.join(map(str, missing))}; "
+            f"depends_on names no job with id {ids_text(missing)}; "
             "a dependency must be enqueued first. Nothing was enqueued."
         )
     statuses = {

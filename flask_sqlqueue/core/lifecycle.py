@@ -27,6 +27,7 @@ from ..bounds import LATEST_RUN_AT
 from ..bounds import longest_delay
 from ..config import default
 from ..exceptions import SQLQueueError
+from ..exceptions import ids_text
 from . import dependencies
 from . import retention
 from .dialects import DialectOps
@@ -471,11 +472,15 @@ def _check_all(
     found = _lock_rows(conn, ids)
     missing = [i for i in ids if i not in found]
     if missing:
-        raise InvalidTransition(f"No job with id {', '.join(map(str, missing))}; nothing {done}.")
+        raise InvalidTransition(f"No job with id {ids_text(missing)}; nothing {done}.")
     allowed = set(allowed)
-    wrong = [f"{i} is {found[i]}" for i in ids if found[i] not in allowed]
+    wrong = [i for i in ids if found[i] not in allowed]
+    if len(wrong) == 1:
+        (i,) = wrong
+        raise InvalidTransition(f"Cannot {verb} job {i}: it is {found[i]}; nothing {done}.")
     if wrong:
-        raise InvalidTransition(f"Cannot {verb} job {'; '.join(wrong)}; nothing {done}.")
+        listed = ids_text(f"{i} ({found[i]})" for i in wrong)
+        raise InvalidTransition(f"Cannot {verb} jobs {listed}; nothing {done}.")
     return found
 
 

@@ -318,8 +318,12 @@ def duplicate(
     has since changed its signature with no upcaster is refused (a ``TypeError``)
     rather than copied.
 
+    A task with a ``Unique`` key (docs/uniqueness.md) keeps it for the copy: while a job
+    in scope holds the copy's key (the source itself, while pending), there is no copy
+    to make, and the call is refused naming that job; nothing changes.
+
     :returns: the new job.
-    :raises InvalidTransition: no such job.
+    :raises InvalidTransition: no such job, or the copy's unique key is held.
     :raises ValueError: its stored arguments do not decode, or cannot be upcast.
     """
     source = store.get_job(job_id)
@@ -355,6 +359,13 @@ def duplicate(
             unregistered=True,
             encoded=True,
         )
+        if made.created_at < now:
+            # An enqueue that met the holder of its unique key returns that job (and,
+            # with on_conflict="replace", gave it these arguments): undone by the raise.
+            raise InvalidTransition(
+                f"Job {job_id} was not duplicated: its task is unique, and job {made.id} "
+                f"({made.status}) holds the copy's key; nothing enqueued."
+            )
         if audit is not None:
             audit.record(conn, now, "duplicate", [job_id], {"new_job": made.id})
         return made

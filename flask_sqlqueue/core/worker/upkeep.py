@@ -254,7 +254,10 @@ class Upkeep:
                     self.register()
                     log.error("worker %s was declared dead; continuing as %s", old, self.id)
             except sa.exc.SQLAlchemyError as exc:
-                self.heartbeat_error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+                # What a probe is told: the kind of error, not the driver's text, which
+                # names the server's address (the log line below has it all).
+                kind = type(getattr(exc, "orig", None) or exc).__name__
+                self.heartbeat_error = f"{kind} (the worker's log has the detail)"
                 self.last_round = time.monotonic()
                 self.log_db_error("heartbeat", exc)
                 continue
