@@ -931,7 +931,7 @@ def test_a_bulk_action_that_cannot_apply_to_every_job_changes_none(admin: Admin)
     pending = pending_job(admin)
     response = admin.post("/jobs/bulk", {"action": "retry", "ids": [dead, pending]})
     assert response.status_code == 409
-    assert f"{pending} is pending" in response.get_data(as_text=True)
+    assert f"job {pending}: it is pending" in response.get_data(as_text=True)
     assert (admin.status(dead), admin.status(pending)) == ("dead", "pending")
     assert admin.post("/jobs/bulk", {"action": "explode", "ids": [dead]}).status_code == 400
     assert admin.post("/jobs/bulk", {"action": "delete", "ids": ["1; DROP"]}).status_code == 400

@@ -358,3 +358,87 @@ def test_a_tasks_unique_default_keeps_its_other_defaults() -> None:
     options = all_defaults.options
     assert options.unique == _Unique()
     assert (options.tags, options.expires, options.priority) == (("t",), 60, 3)
+
+
+# -- replay keeps the key: never two live holders ---------------------------------------------
+
+
+@queue.task(name="unique.flaky", unique=Unique(), max_attempts=1)
+def flaky(n: int) -> None:
+    raise RuntimeError(f"down {n}")
+
+
+def dead_then_replaced(app: Flask) -> tuple[Job, Job]:
+    """A job that died holding its key, and the later job the key went to."""
+    dead = flaky.enqueue(1)
+    drain(app)
+    assert dead.refresh().status is JobStatus.DEAD
+    holder = flaky.enqueue(1)  # the dead one is out of scope: its key is taken
+    assert holder.id != dead.id and holder.status is JobStatus.PENDING
+    return dead, holder
+
+
+def replay_doors(app: Flask) -> dict[str, Any]:
+    from flask_sqlqueue.core import operations
+
+    st = store(app)
+    return {
+        "retry": lambda ids: operations.retry(st, ids),
+        "retry every dead job": lambda ids: operations.retry_dead(st),
+        "retry dead by task": lambda ids: operations.retry_dead(st, task="unique.flaky"),
+        "retry dead by text": lambda ids: operations.retry_dead(st, text="down 1"),
+    }
+
+
+@pytest.mark.parametrize(
+    "door", ["retry", "retry every dead job", "retry dead by task", "retry dead by text"]
+)
+def test_a_replay_whose_key_another_live_job_holds_is_refused_naming_it(
+    app: Flask, door: str
+) -> None:
+    from flask_sqlqueue.core.lifecycle import InvalidTransition
+
+    dead, holder = dead_then_replaced(app)
+    with pytest.raises(InvalidTransition) as refused:
+        replay_doors(app)[door]([dead.id])
+    assert f"job {holder.id} (pending) holds its unique key" in str(refused.value)
+    assert "nothing replayed" in str(refused.value)
+    assert dead.refresh().status is JobStatus.DEAD
+    assert holder.refresh().status is JobStatus.PENDING
+    live = [r for r in rows(app) if r.status in ("pending", "running", "waiting")]
+    assert [r.id for r in live] == [holder.id]
+
+
+def test_a_replay_takes_its_key_back_from_a_holder_that_finished(app: Flask) -> None:
+    from flask_sqlqueue.core import operations
+    from flask_sqlqueue.core.lifecycle import InvalidTransition
+
+    dead, holder = dead_then_replaced(app)
+    drain(app)  # the holder dies too, still holding the key
+    assert holder.refresh().status is JobStatus.DEAD
+    assert operations.retry(store(app), [dead.id]) == 1
+    by_id = {r.id: r for r in rows(app)}
+    assert by_id[dead.id].status == "pending"
+    assert by_id[dead.id].unique_key == by_id[holder.id].unique_key_freed is not None
+    assert by_id[holder.id].unique_key is None
+    # Now the replayed job is the live holder: the other's replay is refused, and an
+    # enqueue of the same call returns the replayed job.
+    with pytest.raises(InvalidTransition, match=f"job {dead.id} \\(pending\\) holds"):
+        operations.retry(store(app), [holder.id])
+    assert flaky.enqueue(1).id == dead.id
+    # "Retry every dead job" meets the same holder: refused whole.
+    with pytest.raises(InvalidTransition, match=f"job {dead.id} \\(pending\\) holds"):
+        operations.retry_dead(store(app))
+    assert holder.refresh().status is JobStatus.DEAD
+
+
+def test_the_cli_and_the_admin_refuse_the_same_replay(app: Flask, database_uri: str) -> None:
+    dead, holder = dead_then_replaced(app)
+    runner = app.test_cli_runner()
+    result = runner.invoke(args=["queue", "retry", str(dead.id)])
+    assert result.exit_code != 0
+    assert f"job {holder.id} (pending) holds its unique key" in result.output
+    assert "Traceback" not in result.output
+    result = runner.invoke(args=["queue", "retry", "--dead"])
+    assert result.exit_code != 0 and f"job {holder.id} (pending)" in result.output
+    assert dead.refresh().status is JobStatus.DEAD

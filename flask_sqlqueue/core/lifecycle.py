@@ -30,6 +30,7 @@ from ..exceptions import SQLQueueError
 from ..exceptions import ids_text
 from . import dependencies
 from . import retention
+from . import uniqueness
 from .dialects import DialectOps
 from .dialects.base import COMPLETE_ONE
 from .dialects.base import complete_one_params
@@ -508,6 +509,7 @@ def replay(conn: Connection, ids: Sequence[int], now: datetime) -> int:
             f"Cannot replay job {'; '.join(refused)}: replay that dependency with it, or "
             "first; nothing replayed."
         )
+    _take_back_keys(conn, jobs.c.id.in_(ids))
     replayed = _replay_where(conn, jobs.c.id.in_(ids), now)
     waiting = [job_id for job_id, start in starts.items() if start.status == WAITING]
     if waiting:
@@ -527,7 +529,26 @@ def replay_dead(conn: Connection, now: datetime, queue: str | None, task: str | 
         where &= jobs.c.queue == queue
     if task is not None:
         where &= jobs.c.task == task
+    _take_back_keys(conn, where)
     return _replay_where(conn, where, now)
+
+
+def _take_back_keys(conn: Connection, where: sa.ColumnElement[bool]) -> None:
+    """Give the jobs about to be replayed the unique keys later enqueues took from them
+    (core/uniqueness.py); refuse if a job not finished holds one: never two live holders."""
+    held = uniqueness.take_back(conn, where & jobs.c.status.in_((DEAD, CANCELLED)))
+    if len(held) == 1:
+        ((job_id, row),) = held
+        raise InvalidTransition(
+            f"Cannot replay job {job_id}: job {row.id} ({row.status}) holds its unique key; "
+            f"replay it once job {row.id} has finished, or cancel job {row.id} first; "
+            "nothing replayed."
+        )
+    if held:
+        listed = ids_text(f"{job_id} (held by job {row.id}, {row.status})" for job_id, row in held)
+        raise InvalidTransition(
+            f"Cannot replay jobs whose unique keys other jobs hold: {listed}; nothing replayed."
+        )
 
 
 def _replay_where(conn: Connection, where: Any, now: datetime) -> int:

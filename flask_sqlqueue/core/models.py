@@ -214,6 +214,9 @@ jobs = sa.Table(
     # The key of a job enqueued with Unique (core/uniqueness.py): at most one job holds
     # it; cleared from a holder that an enqueue finds out of its scope.
     _column("unique_key", ExactString(255), null=True),
+    # The unique key an enqueue took from this job while it was out of scope: a replay
+    # takes it back, or is refused while another job holds it. Not indexed.
+    _column("unique_key_freed", ExactString(255), null=True),
     # The claim index and the partial ones are declared below.
     # Per-queue counts.
     sa.Index("ix_sqlqueue_jobs_queue_status", "queue", "status"),

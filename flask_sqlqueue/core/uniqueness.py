@@ -170,9 +170,45 @@ def free(conn: Connection, job_id: int, key: str, unique: Unique, now: datetime)
     done = conn.execute(
         sa.update(jobs)
         .where(jobs.c.id == job_id, jobs.c.unique_key == key, out_of_scope(unique, now))
-        .values(unique_key=None)
+        .values(unique_key=None, unique_key_freed=key)
     )
     return done.rowcount > 0
+
+
+#: The statuses of a job that has finished: no scope but ``"any"`` counts it, and a key
+#: held by one under ``"any"`` is never taken, so a replay may take a key back from it.
+FINISHED = (JobStatus.COMPLETED.value, JobStatus.DEAD.value, JobStatus.CANCELLED.value)
+
+
+def take_back(conn: Connection, where: sa.ColumnElement[bool]) -> list[tuple[int, Any]]:
+    """Before the dead or cancelled jobs matching ``where`` are replayed: give each one
+    that lost its unique key to a later enqueue (``unique_key_freed``) the key back, from
+    a holder that has finished since; one whose key a job not finished holds is returned
+    with that holder's row, and nothing is written for it. The caller refuses the replay
+    if any is returned (its transaction then undoes the keys given back)."""
+    rows = conn.execute(
+        sa.select(jobs.c.id, jobs.c.unique_key_freed)
+        .where(where, jobs.c.unique_key_freed.is_not(None))
+        .order_by(jobs.c.id)
+    ).all()
+    held: list[tuple[int, Any]] = []
+    for job_id, key in rows:
+        found = holder(conn, key, locking=True)
+        if found is not None and found.status not in FINISHED:
+            held.append((job_id, found))
+            continue
+        if found is not None:
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == found.id, jobs.c.unique_key == key)
+                .values(unique_key=None, unique_key_freed=key)
+            )
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.unique_key.is_(None))
+            .values(unique_key=key, unique_key_freed=None)
+        )
+    return held
 
 
 _HOLDER = sa.select(jobs).where(jobs.c.unique_key == sa.bindparam("key"))
