@@ -36,7 +36,7 @@ test: lint $(DOCS_STAMP)
 ## version pyproject.toml claims (constraints-lowest.txt), in a virtualenv of its own.
 LOWEST_VENV ?= .venv-lowest
 LOWEST_STAMP := $(LOWEST_VENV)/.installed
-LOWEST_TESTS ?= tests/test_schema.py tests/test_enqueue.py tests/test_worker.py
+LOWEST_TESTS ?= tests/test_schema.py tests/test_enqueue.py tests/test_worker.py tests/test_cli_runtime.py
 $(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
 	$(PYTHON) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
