@@ -19,6 +19,9 @@ import pytest
 import sqlalchemy as sa
 from flask import Flask
 
+from flask_sqlqueue import PermanentFailure
+from flask_sqlqueue import Retry
+from flask_sqlqueue import Snooze
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import Worker
 from flask_sqlqueue import WorkerOptions
@@ -90,6 +93,17 @@ def progress(steps: list[list[Any]], wait: bool = False) -> str:
     if wait:
         go.wait(WAIT)
     return "ok"
+
+
+@queue.task(name="control.progress_then", max_attempts=3)
+def progress_then(end: str) -> None:
+    """Reports 100%, then does not complete: ``end`` is "retry", "snooze" or "dead"."""
+    current_job.set_progress(1.0, "all rows read")
+    if end == "retry":
+        raise Retry(3600, "the upload failed")
+    if end == "snooze":
+        raise Snooze(3600)
+    raise PermanentFailure("the file is corrupt")
 
 
 @queue.task(name="control.bad_progress")

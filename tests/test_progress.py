@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from flask import Flask
@@ -131,3 +132,29 @@ def test_admin_shows_a_progress_bar(control_app: Flask) -> None:  # noqa: F811
 def test_outside_a_task_there_is_no_progress() -> None:
     with pytest.raises(NoJobContext):
         current_job.set_progress(0.5)
+
+
+@pytest.mark.parametrize(
+    ("end", "status", "kept"),
+    [
+        ("retry", JobStatus.PENDING, (None, None)),
+        ("snooze", JobStatus.PENDING, (None, None)),
+        ("dead", JobStatus.DEAD, (1.0, "all rows read")),
+    ],
+)
+def test_an_attempt_that_does_not_complete_leaves_no_progress_for_the_next(
+    control_app: Flask,  # noqa: F811
+    end: str,
+    status: JobStatus,
+    kept: tuple[Any, Any],
+) -> None:
+    app = control_app
+    with app.app_context():
+        job = c.progress_then.enqueue(end)
+    c.burst(app)
+    row = c.row(app, job.id)
+    assert row.status == status
+    # Waiting for another attempt: no 100% from the last one. Ended: how far it got.
+    assert (row.progress, row.progress_message) == kept
+    with app.app_context():
+        assert job.refresh().progress == kept[0]

@@ -234,6 +234,12 @@ def complete_many(
     return completed
 
 
+#: What an attempt that ends without completing leaves of its progress when the job
+#: goes back to pending: nothing, so that a page does not show the last attempt's 100%
+#: while the next one waits (a job that ends keeps its last attempt's, docs/progress.md).
+NO_PROGRESS: dict[str, Any] = {"progress": None, "progress_message": None}
+
+
 def fail(
     conn: Connection,
     job_id: int,
@@ -271,7 +277,7 @@ def fail(
         # Its cancellation was asked for: the failed attempt ends it instead of a retry.
         values.update(status=CANCELLED, finished_at=now)
     else:
-        values.update(status=PENDING, run_at=retry_at)
+        values.update(status=PENDING, run_at=retry_at, **NO_PROGRESS)
     done = conn.execute(sa.update(jobs).where(_claimed(job_id, token)).values(values))
     if done.rowcount != 1:
         return None
@@ -292,6 +298,8 @@ def release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
         .values(
             status=sa.case((asked, CANCELLED), else_=PENDING),
             finished_at=sa.case((asked, now), else_=None),
+            progress=sa.case((asked, jobs.c.progress), else_=None),
+            progress_message=sa.case((asked, jobs.c.progress_message), else_=None),
             attempts=jobs.c.attempts - 1,
             releases=jobs.c.releases + 1,
             # run_at is kept: the job was due already and keeps its place in line.
@@ -330,7 +338,7 @@ def snooze(
     if row.cancel_requested_at is not None:
         values.update(status=CANCELLED, finished_at=now)
     else:
-        values.update(status=PENDING, run_at=run_at)
+        values.update(status=PENDING, run_at=run_at, **NO_PROGRESS)
     if conn.execute(sa.update(jobs).where(_claimed(job_id, token)).values(values)).rowcount != 1:
         return None
     status = str(values["status"])
@@ -923,6 +931,7 @@ def rescue_stale(
                 claim_token=None,
                 last_error=_summary(record),
                 errors=_append(row.errors, record),
+                **(NO_PROGRESS if status == PENDING else {}),
             )
         )
         if done.rowcount == 1:
