@@ -36,6 +36,7 @@ from .config import Settings
 from .core import batches
 from .core import operations
 from .core.aio import in_thread
+from .core.audit import Audit
 from .core.batches import Batch
 from .core.dialects import in_folder
 from .core.enqueue import Call
@@ -644,23 +645,25 @@ class QueueExtension:
         """The job with this id as it is now, or ``None``."""
         return self._store().get_job(job_id)
 
-    def pause(self, name: str) -> bool:
+    def pause(self, name: str, *, actor: str = "app") -> bool:
         """Stop every worker, on every host, from claiming jobs of queue ``name``; jobs
         already running finish. Enqueueing goes on; the jobs wait for :meth:`resume`.
 
+        :param actor: who acts, as the audit log names them (docs/admin.md).
         :returns: ``False`` if the queue was paused already.
         :raises UnknownQueue: no registered task uses ``name`` and no job is in it
             (nothing is changed).
         """
-        return self._set_paused(name, paused=True)
+        return self._set_paused(name, paused=True, actor=actor)
 
-    def resume(self, name: str) -> bool:
+    def resume(self, name: str, *, actor: str = "app") -> bool:
         """Let workers claim jobs of queue ``name`` again.
 
+        :param actor: as for :meth:`pause`.
         :returns: ``False`` if the queue was not paused.
         :raises UnknownQueue: as :meth:`pause`.
         """
-        return self._set_paused(name, paused=False)
+        return self._set_paused(name, paused=False, actor=actor)
 
     def paused_queues(self) -> dict[str, datetime]:
         """Every paused queue, with the time it was paused."""
@@ -671,44 +674,54 @@ class QueueExtension:
         is enabled, the newest slot enqueued (its last run) and its next run."""
         return describe_schedules(self._store(), self.registry)
 
-    def disable_schedule(self, name: str) -> bool:
+    def disable_schedule(self, name: str, *, actor: str = "app") -> bool:
         """Stop every worker, on every host, from enqueueing the slots of the periodic
         task ``name`` until :meth:`enable_schedule`; jobs already enqueued still run.
 
+        :param actor: who acts, as the audit log names them (docs/admin.md).
         :returns: ``False`` if it was disabled already.
         :raises UnknownSchedule: (a ``LookupError``) no periodic task has that name;
             nothing is changed.
         """
-        return self._set_schedule_enabled(name, enabled=False)
+        return self._set_schedule_enabled(name, enabled=False, actor=actor)
 
-    def enable_schedule(self, name: str) -> bool:
+    def enable_schedule(self, name: str, *, actor: str = "app") -> bool:
         """Let the workers enqueue the slots of ``name`` again, from its next slot on:
         the slots missed while it was disabled are not enqueued, backfill or not.
 
+        :param actor: as for :meth:`disable_schedule`.
         :returns: ``False`` if it was enabled already.
         :raises UnknownSchedule: as :meth:`disable_schedule`.
         """
-        return self._set_schedule_enabled(name, enabled=True)
+        return self._set_schedule_enabled(name, enabled=True, actor=actor)
 
-    def run_schedule(self, name: str) -> Job:
+    def run_schedule(self, name: str, *, actor: str = "app") -> Job:
         """Enqueue one run of the periodic task ``name`` now, with its schedule's
         arguments, whether the schedule is enabled or not. The schedule's own slots
         are untouched: its next slot runs on time as well.
 
+        :param actor: as for :meth:`disable_schedule`.
         :raises UnknownSchedule: as :meth:`disable_schedule`; nothing is enqueued.
         """
         state = self.state()
         state.ensure_schema()
         eager = state.eager_worker(resolve_app()) if state.settings.eager else None
-        return operations.run_schedule(state.store, name, registry=self.registry, eager=eager)
+        return operations.run_schedule(
+            state.store, name, registry=self.registry, eager=eager, audit=Audit(actor)
+        )
 
-    def _set_schedule_enabled(self, name: str, *, enabled: bool) -> bool:
+    def _set_schedule_enabled(self, name: str, *, enabled: bool, actor: str) -> bool:
         store = self._store()
-        return operations.set_schedule_enabled(store, name, enabled=enabled, registry=self.registry)
+        return operations.set_schedule_enabled(
+            store, name, enabled=enabled, registry=self.registry, audit=Audit(actor)
+        )
 
-    def _set_paused(self, name: str, *, paused: bool) -> bool:
+    def _set_paused(self, name: str, *, paused: bool, actor: str) -> bool:
         store = self._store()
-        return bool(operations.set_paused(store, [name], paused=paused, registry=self.registry))
+        changed = operations.set_paused(
+            store, [name], paused=paused, registry=self.registry, audit=Audit(actor)
+        )
+        return bool(changed)
 
     def _store(self) -> Store:
         """The current app's store, its schema checked."""

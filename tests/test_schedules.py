@@ -21,12 +21,14 @@ from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import UnknownSchedule
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import schema
+from flask_sqlqueue.cli.base import cli_actor
 from flask_sqlqueue.core import periodic
 from flask_sqlqueue.core.models import schedules
 from flask_sqlqueue.testing import enqueue_periodic
 from tests import periodic_app
 from tests.conftest import install_schema
 from tests.conftest import query
+from tests.test_actions import audit_rows
 from tests.test_admin import TOKEN
 from tests.test_admin import read
 from tests.test_periodic import at
@@ -69,6 +71,14 @@ def row(database_uri: str, name: str) -> Any:
 def ledger(database_uri: str, name: str) -> list[tuple[Any, ...]]:
     found = row(database_uri, name)
     return [] if found is None else [(found.enabled, found.last_slot)]
+
+
+def job_id(database_uri: str, task: str, *, newest: bool) -> int:
+    """The id of ``task``'s newest (or oldest) job."""
+    order = "DESC" if newest else "ASC"
+    sql = f"SELECT id FROM sqlqueue_jobs WHERE task = :t ORDER BY id {order} LIMIT 1"
+    [(found,)] = query(database_uri, sql, t=task)
+    return int(found)
 
 
 def job_count(database_uri: str, task: str) -> int:
@@ -317,6 +327,15 @@ def test_schedules_command_lists_disables_enables_and_runs(papp: Flask, database
     assert run("enable", "every_minute") == "Schedule 'every_minute' enabled.\n"
     assert run("enable", "every_minute") == "Schedule 'every_minute' was enabled already.\n"
     assert ledger(database_uri, "every_minute") == [(True, at(10, 0))]
+    # Each change audited once, with the command line's user; a no-op is not a change.
+    entries = audit_rows(database_uri)
+    assert {actor for actor, _, _, _ in entries} == {cli_actor()}
+    assert [(action, detail) for _, action, _, detail in entries] == [
+        ("disable_schedule", {"schedule": "every_minute"}),
+        ("run_schedule", {"schedule": "every_minute"}),
+        ("enable_schedule", {"schedule": "every_minute"}),
+    ]
+    assert entries[1][2] == job_id(database_uri, "every_minute", newest=True)
 
 
 @pytest.mark.parametrize("action", ["disable", "enable", "run"])
@@ -386,6 +405,34 @@ def test_admin_actions_disable_run_and_enable(admin: Any, database_uri: str) -> 
     answer = read(admin.post("/queue/schedules/every_minute/enable", data={"csrf_token": csrf}))
     assert answer.status_code == 303
     assert ledger(database_uri, "every_minute") == [(True, None)]
+    # Each action audited, as every admin action is (the default actor: the address).
+    assert [(a, action, job, d) for a, action, job, d in audit_rows(database_uri)] == [
+        ("127.0.0.1", "disable_schedule", None, {"schedule": "every_minute"}),
+        (
+            "127.0.0.1",
+            "run_schedule",
+            job_id(database_uri, "every_minute", newest=True),
+            {"schedule": "every_minute"},
+        ),
+        ("127.0.0.1", "enable_schedule", None, {"schedule": "every_minute"}),
+    ]
+
+
+def test_the_python_doors_are_audited_with_their_actor(papp: Flask, database_uri: str) -> None:
+    queue = periodic_app.queue
+    with papp.app_context():
+        assert queue.disable_schedule("every_minute", actor="ops-bot")
+        made = queue.run_schedule("every_minute")
+        assert queue.enable_schedule("every_minute", actor="ops-bot")
+        assert queue.pause("default", actor="ops-bot")
+        assert queue.resume("default")
+    assert [(a, action, job) for a, action, job, _ in audit_rows(database_uri)] == [
+        ("ops-bot", "disable_schedule", None),
+        ("app", "run_schedule", made.id),
+        ("ops-bot", "enable_schedule", None),
+        ("ops-bot", "pause", None),
+        ("app", "resume", None),
+    ]
 
 
 def test_admin_schedule_actions_need_the_token_a_post_and_a_known_name(

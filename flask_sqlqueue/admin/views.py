@@ -514,7 +514,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
         st = state()
         try:
             changed = operations.set_schedule_enabled(
-                st.store, name, enabled=enabled, registry=st.registry
+                st.store, name, enabled=enabled, registry=st.registry, audit=acting()
             )
         except UnknownSchedule as exc:
             abort(404, str(exc))
@@ -529,7 +529,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
     def run_schedule(name: str) -> BaseResponse:
         state()  # the schema checked before anything is written
         try:
-            job = queue.run_schedule(name)
+            job = queue.run_schedule(name, actor=acting().actor)
         except UnknownSchedule as exc:
             abort(404, str(exc))
         flash(f"Schedule {name}: one run enqueued now, as job {job.id}.", "success")

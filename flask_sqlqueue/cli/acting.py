@@ -6,7 +6,6 @@ audit log, naming the actor ``cli:<user>``."""
 
 from __future__ import annotations
 
-import getpass
 import json
 from datetime import timedelta
 from typing import Any
@@ -22,17 +21,14 @@ from ..core.uniqueness import Unique
 from .base import JOB_ID
 from .base import app_state
 from .base import clean_errors
+from .base import cli_actor
 from .base import queue_cli
 from .formatting import parse_age
 
 
 def _audit() -> Audit:
     """Who acts, as the audit log names a command's user."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):  # no name for this uid (a container, say)
-        user = "unknown"
-    return Audit(f"cli:{user}")
+    return Audit(cli_actor())
 
 
 @queue_cli.command("retry")

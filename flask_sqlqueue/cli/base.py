@@ -4,6 +4,7 @@ the app's queue state, and errors turned into one ``Error:`` line with exit stat
 from __future__ import annotations
 
 import functools
+import getpass
 import re
 import sys
 from collections.abc import Callable
@@ -87,3 +88,12 @@ def clean_errors(fn: F) -> F:
             raise click.ClickException(_one_line(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def cli_actor() -> str:
+    """Who acts, as the audit log names a command's user."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container, say)
+        user = "unknown"
+    return f"cli:{user}"

@@ -8,8 +8,10 @@ from flask.cli import with_appcontext
 
 from ..core import operations
 from ..core import periodic
+from ..core.audit import Audit
 from .base import app_state
 from .base import clean_errors
+from .base import cli_actor
 from .base import queue_cli
 from .formatting import format_table
 from .formatting import format_time
@@ -91,14 +93,14 @@ def run_command(name: str) -> None:
       flask queue schedules run app.tasks.nightly_report
     """
     state = app_state()
-    job = state.queue.run_schedule(name)
+    job = state.queue.run_schedule(name, actor=cli_actor())
     click.echo(f"Job {job.id} {job.status} on queue {job.queue!r}.")
 
 
 def _set_enabled(name: str, *, enabled: bool) -> None:
     state = app_state()
     changed = operations.set_schedule_enabled(
-        state.store, name, enabled=enabled, registry=state.registry
+        state.store, name, enabled=enabled, registry=state.registry, audit=Audit(cli_actor())
     )
     word = "enabled" if enabled else "disabled"
     if changed:

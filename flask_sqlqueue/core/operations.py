@@ -456,7 +456,12 @@ def set_paused(
 
 
 def set_schedule_enabled(
-    store: Store, name: str, *, enabled: bool, registry: Mapping[str, Task[Any, Any]]
+    store: Store,
+    name: str,
+    *,
+    enabled: bool,
+    registry: Mapping[str, Task[Any, Any]],
+    audit: Audit | None = None,
 ) -> bool:
     """Enable or disable the periodic schedule ``name`` for every worker, on every host.
 
@@ -470,9 +475,15 @@ def set_schedule_enabled(
     """
     task = periodic.find_schedule(registry, name)
     now = store.now()
-    changed: bool = store.run_write(
-        lambda conn: periodic.set_enabled(conn, task.name, enabled, now)
-    )
+
+    def write(conn: Connection) -> bool:
+        changed = periodic.set_enabled(conn, task.name, enabled, now)
+        if changed and audit is not None:
+            action = "enable_schedule" if enabled else "disable_schedule"
+            audit.record(conn, now, action, detail={"schedule": task.name})
+        return changed
+
+    changed: bool = store.run_write(write)
     return changed
 
 
@@ -482,10 +493,27 @@ def run_schedule(
     *,
     registry: Mapping[str, Task[Any, Any]],
     eager: RunsJobs | None = None,
+    audit: Audit | None = None,
 ) -> Job:
     """Enqueue one run of the periodic schedule ``name`` now, enabled or not; its next
-    slot still runs on time (see :func:`.periodic.run_now`).
+    slot still runs on time (see :func:`.periodic.run_now`). With ``audit``, the job and
+    its audit entry are written in one transaction.
 
     :raises UnknownSchedule: as :func:`set_schedule_enabled`; nothing is enqueued.
     """
-    return periodic.run_now(store, periodic.find_schedule(registry, name), eager=eager)
+    task = periodic.find_schedule(registry, name)
+    if audit is None:
+        return periodic.run_now(store, task, eager=eager)
+    now = store.now()
+
+    def write(conn: Connection) -> Job:
+        job = periodic.run_now(store, task, conn=conn)
+        audit.record(conn, now, "run_schedule", [job.id], {"schedule": task.name})
+        return job
+
+    job: Job = store.run_write(write)
+    store.wake()
+    if eager is not None:  # run once it is committed, as an eager enqueue does
+        eager.run_job(job.id)
+        job.refresh()
+    return job

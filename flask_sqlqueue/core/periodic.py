@@ -205,12 +205,20 @@ def set_enabled(conn: Connection, name: str, enabled: bool, now: datetime) -> bo
     return True
 
 
-def run_now(store: Store, task: Task[Any, Any], *, eager: RunsJobs | None = None) -> Job:
+def run_now(
+    store: Store,
+    task: Task[Any, Any],
+    *,
+    eager: RunsJobs | None = None,
+    conn: Connection | None = None,
+) -> Job:
     """Enqueue one run of periodic ``task`` now, with its schedule's arguments, enabled
-    or not. The ledger is left alone: the schedule's next slot runs as it would have."""
+    or not; in the transaction of ``conn`` if given. The ledger is left alone: the
+    schedule's next slot runs as it would have."""
     assert task.schedule is not None
     args, kwargs = decode_payload(task.schedule.payload)  # the stored forms of typed arguments
-    (job,) = enqueue(store, task, [Call(args, kwargs)], EnqueueOptions(), encoded=True, eager=eager)
+    options = EnqueueOptions(session=conn)
+    (job,) = enqueue(store, task, [Call(args, kwargs)], options, encoded=True, eager=eager)
     return job
 
 
