@@ -94,3 +94,22 @@ def test_the_project_files_exist() -> None:
     for name in ["LICENSE", "CHANGELOG.md", "SECURITY.md", "CONTRIBUTING.md"]:
         assert (ROOT / name).read_text().strip(), name
     assert "MIT License" in (ROOT / "LICENSE").read_text()
+
+
+def test_no_page_sends_readers_to_a_readme_section_that_is_not_there() -> None:
+    """The README is two commands and a tour: a page that points into it names one of
+    its sections, which must exist; "see the README" with no section says nothing."""
+    sections = {
+        line.removeprefix("## ").strip()
+        for line in (ROOT / "README.md").read_text().splitlines()
+        if line.startswith("## ")
+    }
+    wrong = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        text = page.read_text()
+        for match in re.finditer(r"README(?:'s)?,? *\"([^\"]+)\"", text):
+            if match.group(1) not in sections:
+                wrong.append(f"{page.relative_to(ROOT)}: README section {match.group(1)!r}")
+        for match in re.finditer(r"(?:see|in|as) the README\b(?!'s \")", text):
+            wrong.append(f"{page.relative_to(ROOT)}: {match.group(0)!r} names no section")
+    assert wrong == [], "\n".join(wrong)
