@@ -32,27 +32,14 @@ from sqlalchemy.engine import Engine
 
 from .dialects import DialectOps
 from .models import jobs
+from .models import utcnow
+from .options import EnqueueOptions
+from .options import job_values
 
-#: The columns of a plain job's row, as ``job_values`` gives them: a row with any other
-#: column (tags, an expiry, a unique key...) is written through the engine.
-PLAIN = frozenset(
-    (
-        "queue",
-        "task",
-        "payload",
-        "status",
-        "attempts",
-        "max_attempts",
-        "rescues",
-        "releases",
-        "priority",
-        "run_at",
-        "created_at",
-        "updated_at",
-        "idempotency_key",
-        "concurrency_key",
-    )
-)
+#: The columns of a plain job's row: what ``job_values`` gives a job with no option set
+#: (derived from it, so the two cannot drift). A row with any other column (tags, an
+#: expiry, a unique key...) is written through the engine.
+PLAIN = frozenset(job_values("plain", "", EnqueueOptions(), default_max_attempts=1, now=utcnow()))
 
 
 class KeptInserts:
