@@ -438,6 +438,24 @@ class Window:
     def done(self, count: int, workers: Workers) -> None:
         self.last = self._read(count, workers)
 
+    def span(self, jobs: int) -> tuple[Reading, Reading, bool]:
+        """The readings the figures are read between, and whether start-up is in."""
+        first, last = self.first or self.fallback, self.last
+        startup = self.first is None
+        span = 0 if first is None or last is None else last.count - first.count
+        if last is not None and span < jobs // 10:
+            # Every job, or all but a few, finished before the window opened (a loaded
+            # machine's slow polls, a late worker): CPU counted in clock ticks reads 0
+            # over so few jobs. The window opens at the first finished job, or at the
+            # drain's first reading, instead: start-up included.
+            for wider in (self.fallback, self.start):
+                if wider is not None and last.count - wider.count > span:
+                    first, startup = wider, True
+                    break
+        if first is None or last is None or last.count <= first.count:
+            raise BenchError("too few jobs finished between the readings to measure")
+        return first, last, startup
+
 
 def wait_gone(server: Server, keep: set[int], timeout: float = 10.0) -> None:
     """Wait until no connection to the database is left but those in ``keep``."""
@@ -490,16 +508,7 @@ def measure(
         wait_gone(server, exclude)
         after = server.read(exclude, finished)
         counts = system.counts - counts_before
-        first = window.first or window.fallback
-        last = window.last
-        startup = window.first is None
-        if last is not None and (first is None or last.count <= first.count):
-            # Every job finished between two readings (a loaded machine's slow polls):
-            # the window opens at the drain's first reading, start-up included.
-            if window.start is not None and last.count > window.start.count:
-                first, startup = window.start, True
-        if first is None or last is None or last.count <= first.count:
-            raise BenchError("too few jobs finished between the readings to measure")
+        first, last, startup = window.span(sizes.jobs)
         values = _drain_figures(server, before_quiet, before, first, last, after, counts)
         values["worker_cpu"] = (last.workers - first.workers) * 1e3 / (last.count - first.count)
         rate = scratch.median(system.name, f"steady{processes}", setting)
@@ -808,10 +817,10 @@ def report(
         f"medians of {args.runs} run(s). *jobs/s from the first job* is the peers "
         "benchmark's steady drain rate (its window opens while later workers may still be "
         "starting); every other figure is read over the window from the first count after "
-        "every worker logged its start to the last count (`†`: the queue emptied before "
-        "every worker had started, so the window opens at the first finished job, or at "
-        "the drain's first reading if every job finished before the next, and includes "
-        "start-up).",
+        "every worker logged its start to the last count (`†`: fewer than a tenth of the "
+        "jobs were left once every worker had started, too few for CPU counted in clock "
+        "ticks, so the window opens at the first finished job, or at the drain's first "
+        "reading if every job finished before the next, and includes start-up).",
         "",
         "- *DB CPU, its connections*: user + system CPU of the server processes "
         "(PostgreSQL backends) or threads (MariaDB, `PROCESSLIST.TID`) serving the workers' "

@@ -282,3 +282,37 @@ def test_scaling_reports_a_row_per_process_count(
             assert float(cell.rstrip(" †").replace(",", "")) > 0, (processes, row)
     life = _row(text, "A job's life", store)  # once, at the first process count
     assert life[1] == "1" and "—" not in (life[-2], life[-1]), life
+
+
+def _reading(count: int, workers: float) -> scaling.Reading:
+    return scaling.Reading(
+        at=0.0,
+        count=count,
+        cpu={},
+        own=set(),
+        background=set(),
+        log=0,
+        lsn="",
+        commits=0,
+        rollbacks=0,
+        others=0,
+        workers=workers,
+    )
+
+
+def test_a_window_holding_a_few_jobs_opens_earlier_with_startup_in() -> None:
+    """The last worker started when 67 of 1,000 jobs were left: CPU counted in clock
+    ticks over so few jobs reads 0, so the figures are read from the first finished job
+    (marked as including start-up); a window holding enough jobs is kept as it is."""
+    window = scaling.Window(server=None, exclude=set())  # type: ignore[arg-type]
+    window.start, window.fallback = _reading(0, 0.0), _reading(12, 0.05)
+    window.first, window.last = _reading(933, 0.2), _reading(1000, 0.2)
+    first, last, startup = window.span(1000)
+    assert (first.count, last.count, startup) == (12, 1000, True)
+    window.first = _reading(700, 0.1)
+    first, last, startup = window.span(1000)
+    assert (first.count, last.count, startup) == (700, 1000, False)
+    window.fallback = None  # every worker started before a job finished
+    window.first = _reading(990, 0.2)
+    first, last, startup = window.span(1000)
+    assert (first.count, startup) == (0, True)
