@@ -29,6 +29,15 @@ def hang(path: str, key: str) -> None:
         time.sleep(3600)
 
 
+@queue.task(max_attempts=5)
+def naps(path: str, seconds: float) -> int:
+    """Writes ``job attempt pid`` to ``path``, sleeps ``seconds`` and returns its attempt."""
+    with open(path, "a") as fh:
+        fh.write(f"{current_job.id} {current_job.attempts} {os.getpid()}\n")
+    time.sleep(seconds)
+    return current_job.attempts
+
+
 @queue.task(max_attempts=2)
 def fails() -> None:
     raise RuntimeError("an ordinary failure")

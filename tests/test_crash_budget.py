@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from tests import crash_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.waiting import WAIT
+from tests.waiting import scaled
 from tests.waiting import wait_for
 from tests.workers import run_burst
 from tests.workers import running
@@ -45,6 +47,8 @@ WORKER = (
     "options = WorkerOptions(poll_interval=0.2, stale_after=3600, grace=1)\n"
     "crash_app.queue.worker(options, app).run()\n"
 )
+# Heartbeats every 0.5 s, so that it learns soon after a pause that it was declared dead.
+PAUSED_WORKER = WORKER.replace("stale_after=3600", "stale_after=2")
 
 
 @pytest.fixture
@@ -187,6 +191,124 @@ def test_a_crash_still_spends_an_attempt(app: Flask, database_uri: str, tmp_path
     shown = cli(app, "show", str(job_id))
     assert re.search(r"^status +dead$", shown, re.M), shown
     assert "No jobs match." in cli(app, "list", "--quarantined")
+
+
+# Rescues with the fixture's budget and staleness, in a process of its own: one the test
+# can give up on while a paused worker holds a lock it waits for.
+RESCUE = (
+    "from tests import crash_app\n"
+    "app = crash_app.create_app({'SQLQUEUE_MAX_CRASHES': 2, 'SQLQUEUE_STALE_AFTER': 1})\n"
+    "print(app.test_cli_runner().invoke(args=['queue', 'rescue']).output)\n"
+)
+
+
+def pause_until_rescued(worker: subprocess.Popen[str], database_uri: str) -> None:
+    """SIGSTOP ``worker`` until ``flask queue rescue`` has taken its job back. A worker
+    stopped inside a write transaction (a heartbeat, a claim) holds its lock: the rescue
+    then waits, and the worker runs on a moment before it is stopped again."""
+    deadline = time.monotonic() + WAIT
+    worker.send_signal(signal.SIGSTOP)
+    time.sleep(1.2)  # past the rescuer's STALE_AFTER
+    while time.monotonic() < deadline:
+        try:
+            rescue = subprocess.run(
+                [sys.executable, "-c", RESCUE],
+                env=flask_env(database_uri),
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=scaled(5),
+            )
+        except subprocess.TimeoutExpired:
+            worker.send_signal(signal.SIGCONT)
+            time.sleep(0.05)
+            worker.send_signal(signal.SIGSTOP)
+            continue
+        if "Rescued 1 job(s)." in rescue.stdout:
+            return
+        time.sleep(0.2)
+    raise AssertionError("no rescue took the paused worker's job")
+
+
+def test_a_worker_paused_three_times_spends_no_crash(
+    app: Flask, database_uri: str, tmp_path: Path
+) -> None:
+    """SIGSTOPped past STALE_AFTER three times, mid-job: each time rescued, counted as a
+    crash while it is silent; each time it comes back (SIGCONT), reports in and takes
+    the crash back. Its attempts ran; the job completes, never quarantined (budget 2)."""
+    path = tmp_path / "runs.txt"
+    job_id = enqueue(app, crash_app.naps, str(path), 3.0)
+    worker = paused_worker(database_uri)
+    try:
+        for attempt in (1, 2, 3):
+            wait_for(
+                lambda a=attempt: len(lines(path)) >= a or worker.poll() is not None,
+                f"attempt {attempt} to start",
+            )
+            assert worker.poll() is None, worker.communicate()[1]
+            pause_until_rescued(worker, database_uri)
+            lost = job(app, job_id)
+            assert (lost.status, lost.attempts, lost.crashes) == ("pending", attempt, 1), lost
+            worker.send_signal(signal.SIGCONT)
+            wait_for(lambda: job(app, job_id).crashes == 0, f"rescue {attempt} taken back")
+        wait_for(lambda: job(app, job_id).status == "completed", "the job to complete")
+    finally:
+        worker.send_signal(signal.SIGCONT)
+        worker.send_signal(signal.SIGKILL)
+        worker.communicate(timeout=WAIT)
+    done = job(app, job_id)
+    assert (done.attempts, done.rescues, done.crashes, done.result) == (4, 3, 0, 4)
+    assert [r["type"] for r in done.errors] == ["WorkerLost"] * 3
+    assert all(r["came_back"] and "not counted as a crash" in r["message"] for r in done.errors)
+    assert [line.split()[1] for line in lines(path)] == ["1", "2", "3", "4"]
+
+
+def paused_worker(database_uri: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", PAUSED_WORKER],
+        env=flask_env(database_uri),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_quarantine_by_paused_workers_is_taken_back_when_they_return(
+    app: Flask, database_uri: str, tmp_path: Path
+) -> None:
+    """Two workers paused in turn under one job, neither back before the next rescue:
+    the second rescue spends the budget (2) and quarantines the job. The second worker
+    reports in: the job is pending again and completes; the first reports in: 0 crashes."""
+    path = tmp_path / "runs.txt"
+    job_id = enqueue(app, crash_app.naps, str(path), 3.0)
+    first, second = paused_worker(database_uri), None
+    try:
+        wait_for(lambda: len(lines(path)) >= 1 or first.poll() is not None, "attempt 1")
+        pause_until_rescued(first, database_uri)
+        second = paused_worker(database_uri)
+        wait_for(lambda: len(lines(path)) >= 2 or second.poll() is not None, "attempt 2")
+        assert lines(path)[-1].split()[2] == str(second.pid)
+        pause_until_rescued(second, database_uri)
+        ended = job(app, job_id)
+        assert (ended.status, ended.crashes) == ("dead", 2), ended
+        assert ended.last_error.startswith("Quarantined: killed its worker 2 times")
+
+        second.send_signal(signal.SIGCONT)
+        wait_for(lambda: job(app, job_id).status == "completed", "the job to complete")
+        assert job(app, job_id).crashes == 1
+        first.send_signal(signal.SIGCONT)
+        wait_for(lambda: job(app, job_id).crashes == 0, "the first rescue taken back")
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.send_signal(signal.SIGCONT)
+                worker.send_signal(signal.SIGKILL)
+                worker.communicate(timeout=WAIT)
+    done = job(app, job_id)
+    assert (done.status, done.attempts, done.rescues, done.result) == ("completed", 3, 2, 3)
+    assert [r["type"] for r in done.errors] == ["WorkerLost", "WorkerLost"]
+    assert all(r["came_back"] for r in done.errors)
 
 
 def test_a_task_that_raises_never_counts_a_crash(app: Flask) -> None:

@@ -425,6 +425,7 @@ def _jobs(database_uri: str) -> list[dict[str, Any]]:
         row.pop("snoozes", None)
         row.pop("unique_key", None)
         row.pop("unique_key_freed", None)
+        row.pop("crashes", None)
     return rows
 
 
@@ -650,3 +651,18 @@ def test_sqlite_without_returning_is_refused_at_setup(
     )
     with pytest.raises(ConfigurationError, match=r"SQLite 3\.31\.1 is too old.*3\.35"):
         Store.from_settings(settings)
+
+
+def test_upgrade_counts_every_rescue_so_far_as_a_crash(make_app: Any, database_uri: str) -> None:
+    """0019 adds ``crashes``, the crash budget spent: at the upgrade, every rescue so far
+    counts, as it did when the budget read ``rescues``; a downgrade drops the column."""
+    app = make_app(upgrade=False)
+    store = _store(app)
+    schema.upgrade(store.engine, "0018")
+    ids = [store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id for _ in range(2)]
+    _sql(database_uri, f"UPDATE sqlqueue_jobs SET rescues = 2 WHERE id = {ids[0]}")
+    schema.upgrade(store.engine)
+    counted = {job_id: store.get_job(job_id) for job_id in ids}
+    assert [(j.rescues, j.crashes) for j in counted.values() if j] == [(2, 2), (0, 0)]
+    schema.downgrade(store.engine, "0018")
+    assert "crashes" not in query_dicts(database_uri, "SELECT * FROM sqlqueue_jobs")[0]

@@ -49,9 +49,13 @@ class Job:
     #: One dict per failed attempt: ``attempt``, ``type``, ``message``, ``traceback``,
     #: ``worker``, ``at``.
     errors: list[dict[str, Any]] = field(default_factory=list)
-    #: Attempts lost to a crash of their worker (rescued) since the job was enqueued or
-    #: last replayed; at ``SQLQUEUE_MAX_CRASHES`` the job is quarantined (docs/outcomes.md).
+    #: Attempts taken back from a worker found lost (rescued) since the job was enqueued
+    #: or last replayed.
     rescues: int = 0
+    #: Its crash budget spent: the rescues whose worker never reported in again (a
+    #: worker that was only paused takes its rescue back); at ``SQLQUEUE_MAX_CRASHES``
+    #: the job is quarantined (docs/outcomes.md).
+    crashes: int = 0
     releases: int = 0
     #: When cancellation of the running job was asked for (it stops if its task checks).
     cancel_requested_at: datetime | None = None
@@ -77,11 +81,6 @@ class Job:
     unique_key: str | None = None
     _source: JobSource | None = field(default=None, repr=False)
 
-    @property
-    def crashes(self) -> int:
-        """Its crash budget spent: the attempts lost with their worker, :attr:`rescues`."""
-        return self.rescues
-
     @classmethod
     def inserted(cls, job_id: int, values: Mapping[str, Any], source: JobSource) -> Job:
         """The job just inserted with ``values`` (its columns), without reading it back.
@@ -102,6 +101,7 @@ class Job:
             updated_at=values["updated_at"],
             idempotency_key=values["idempotency_key"],
             rescues=values["rescues"],
+            # crashes: its server default, 0, like every column added since 0004.
             releases=values["releases"],
             # A job that starts ended (a dependency already dead) has these.
             finished_at=values.get("finished_at"),
@@ -148,6 +148,7 @@ class Job:
             idempotency_key=row.idempotency_key,
             errors=_decode_or_text(row.errors) or [],
             rescues=row.rescues,
+            crashes=row.crashes,
             releases=row.releases,
             # A just-inserted job (not read back) has none of these yet.
             cancel_requested_at=getattr(row, "cancel_requested_at", None),

@@ -567,6 +567,7 @@ def _replay_where(conn: Connection, where: Any, now: datetime) -> int:
             status=PENDING,
             attempts=0,
             rescues=0,
+            crashes=0,
             run_at=now,
             updated_at=now,
             started_at=None,
@@ -852,6 +853,106 @@ def quarantine_note(crashes: int) -> str:
     )
 
 
+#: The error types of a rescue's record (:func:`rescue_stale`).
+LOST_KINDS = ("WorkerLost", QUARANTINED)
+
+
+def came_back_note(worker_id: str) -> str:
+    """The message of a rescue's record once its worker reported in again."""
+    return f"worker lost: {worker_id}; it reported in again, so not counted as a crash"
+
+
+@dataclass(frozen=True, slots=True)
+class TakenBack:
+    """A rescue :func:`worker_came_back` took back from a job's crash budget."""
+
+    job_id: int
+    crashes: int
+    #: The status the job has now: ``pending`` when the rescue had quarantined it.
+    status: str
+
+
+def worker_came_back(
+    conn: Connection,
+    worker_id: str,
+    job_ids: Iterable[int],
+    now: datetime,
+    *,
+    max_crashes: int = default("SQLQUEUE_MAX_CRASHES"),
+) -> list[TakenBack]:
+    """A worker found lost reports in again, still holding ``job_ids``: it was paused or
+    starved, not dead, so the rescues of its attempts are no crashes. Each comes off its
+    job's crash budget, and its record says so; a job that rescue quarantined goes back
+    to pending if attempts are left (cancelled, if that was asked), unless its dependents
+    were cancelled with it: it stays dead then, no longer quarantined, to replay by hand.
+    """
+    ids = sorted(set(job_ids))
+    if not ids:
+        return []
+    rows = conn.execute(
+        sa.select(
+            jobs.c.id,
+            jobs.c.status,
+            jobs.c.attempts,
+            jobs.c.max_attempts,
+            jobs.c.crashes,
+            jobs.c.errors,
+            jobs.c.cancel_requested_at,
+            jobs.c.has_dependents,
+        )
+        .where(jobs.c.id.in_(ids), jobs.c.crashes > 0)
+        .with_for_update()
+    ).all()
+    taken = []
+    for row in rows:
+        try:
+            history = decode_value(row.errors) or []
+        except ValueError:
+            continue  # a history edited into nonsense tells nothing about this rescue
+        if not isinstance(history, list):
+            continue
+        mine = [
+            i
+            for i, record in enumerate(history)
+            if isinstance(record, dict)
+            and record.get("worker") == worker_id
+            and record.get("type") in LOST_KINDS
+            and not record.get("came_back")
+        ]
+        if not mine:
+            continue  # not rescued, or its record is no longer kept: nothing to take back
+        index = mine[-1]
+        record = {
+            **history[index],
+            "type": "WorkerLost",
+            "message": came_back_note(worker_id),
+            "came_back": True,
+        }
+        history[index] = record
+        crashes = row.crashes - 1
+        values: dict[str, Any] = {"crashes": crashes, "errors": dumps_trusted(history)}
+        status = row.status
+        if row.status == DEAD and index == len(history) - 1 and crashes < max_crashes:
+            # This rescue ended the job (quarantined it, or spent its last attempt).
+            values["last_error"] = _summary(record)
+            if row.attempts < row.max_attempts and not row.has_dependents:
+                status = PENDING if row.cancel_requested_at is None else CANCELLED
+                values |= {
+                    "status": status,
+                    "updated_at": now,
+                    "finished_at": None if status == PENDING else now,
+                }
+        done = conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.id == row.id, jobs.c.crashes == row.crashes)
+            .where(jobs.c.status == row.status)
+            .values(**values)
+        )
+        if done.rowcount == 1:
+            taken.append(TakenBack(row.id, crashes, status))
+    return taken
+
+
 def rescue_stale(
     conn: Connection,
     stale_before: datetime,
@@ -867,11 +968,11 @@ def rescue_stale(
     instead (core/liveness.py). With ``silent``, a worker judged by the queue's time is
     lost only if it is also among these ids: the ones the rescuer itself saw silent.
 
-    The lost attempt counts, and is a crash: a job whose crashes reach ``max_crashes``
-    is quarantined (``dead``, see :func:`quarantine_note`) even with attempts left, so a
-    poison pill that kills its worker stops long before its retries are spent. A job
-    that ends cancels its waiting dependents. Returns ``(job id, new status, lost
-    worker id)`` for each job.
+    The lost attempt counts, and is a crash until its worker reports in again
+    (:func:`worker_came_back`): a job whose crashes reach ``max_crashes`` is quarantined
+    (``dead``, see :func:`quarantine_note`) even with attempts left, so a poison pill that
+    kills its worker stops long before its retries are spent. A job that ends cancels its
+    waiting dependents. Returns ``(job id, new status, lost worker id)`` for each job.
     """
     keep = heartbeat_fresh(stale_before, boot)
     if silent is not None:
@@ -884,7 +985,7 @@ def rescue_stale(
             jobs.c.id,
             jobs.c.attempts,
             jobs.c.max_attempts,
-            jobs.c.rescues,
+            jobs.c.crashes,
             jobs.c.worker_id,
             jobs.c.claim_token,
             jobs.c.errors,
@@ -906,8 +1007,8 @@ def rescue_stale(
     rescued = []
     for row in lost:
         worker = row.worker_id or "unknown"
-        crashes = row.rescues + 1
-        kind, message = "WorkerLost", f"worker lost: {worker}"
+        crashes = row.crashes + 1
+        kind, message = LOST_KINDS[0], f"worker lost: {worker}"
         if crashes >= max_crashes:
             kind, message = QUARANTINED, f"{quarantine_note(crashes)}; last {message}"
         record = error_record(row.attempts, kind, message, "", row.worker_id, now)
@@ -925,6 +1026,7 @@ def rescue_stale(
             .values(
                 status=status,
                 rescues=jobs.c.rescues + 1,
+                crashes=jobs.c.crashes + 1,
                 # run_at is kept: a rescued job goes ahead of jobs that became due after it.
                 updated_at=now,
                 finished_at=None if status == PENDING else now,

@@ -164,13 +164,14 @@ jobs = sa.Table(
     _column("status", sa.String(16), default=JobStatus.PENDING.value),
     _column("attempts", sa.Integer, default=0),
     _column("max_attempts", sa.Integer),
-    # Times a dead worker's attempt was taken back, counted apart from ordinary failures.
+    # Times a lost worker's attempt was taken back, counted apart from ordinary failures.
     _column("rescues", sa.Integer, default=0, server_default="0"),
     # Times a stopping worker handed the job back unfinished (not counted as attempts).
     _column("releases", sa.Integer, default=0, server_default="0"),
-    # Attempts lost to a crash of the process running them (a worker that stopped
-    # heartbeating); a job is quarantined once it reaches SQLQUEUE_MAX_CRASHES, and a
-    # replay starts it at 0 again (the rescues above count the same losses for good).
+    # Of the rescues, those that count as crashes: a lost worker that reports in again
+    # (it was paused or starved, not dead) takes its rescue back from this count. A job
+    # is quarantined once it reaches SQLQUEUE_MAX_CRASHES.
+    _column("crashes", sa.Integer, server_default="0"),
     _column("priority", sa.Integer, default=0),
     _column("run_at", UTCDateTime),
     _column("created_at", UTCDateTime),

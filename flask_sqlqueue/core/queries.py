@@ -208,7 +208,7 @@ def list_jobs(
     query = sa.select(*_SUMMARY_COLUMNS)
     if quarantined_at is not None:
         query = query.where(jobs.c.status == JobStatus.DEAD.value)
-        query = query.where(jobs.c.rescues >= quarantined_at)
+        query = query.where(jobs.c.crashes >= quarantined_at)
     if status is not None:
         query = query.where(jobs.c.status == status)
     if queue is not None:
@@ -390,13 +390,10 @@ class JobSummary:
         raw: Any = self.tags
         object.__setattr__(self, "tags", _tags.read_tags(raw))
 
-    #: Attempts lost to crashes of their worker (the crash budget).
+    #: Attempts taken back from a lost worker.
     rescues: int = 0
-
-    @property
-    def crashes(self) -> int:
-        """The attempts lost with their worker: :attr:`rescues`."""
-        return self.rescues
+    #: Of them, those whose worker never reported in again (the crash budget).
+    crashes: int = 0
 
 
 def _preview(column: Any) -> Any:

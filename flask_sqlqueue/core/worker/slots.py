@@ -34,6 +34,8 @@ class Slots:
         self._started: dict[int, tuple[str, float]] = {}
         self._held: set[int] = set()
         self._typical: float | None = None
+        # Every job held since the last heartbeat that went through (see :meth:`beat`).
+        self._since_beat: set[int] = set()
 
     def claimed(self, token: str, ids: Iterable[int], *, recorded: Iterable[int] = ()) -> None:
         """Count the jobs claimed with ``token`` as waiting, and free the held jobs in
@@ -48,6 +50,7 @@ class Slots:
             for job_id in ids:
                 self._claimed[job_id] = token
                 self._waiting.add(job_id)
+                self._since_beat.add(job_id)
 
     def start(self, job_id: int, token: str) -> bool:
         """A job thread starts the attempt of ``job_id`` claimed with ``token``;
@@ -155,6 +158,18 @@ class Slots:
         """The jobs whose tasks still run or wait, with their claim tokens."""
         with self._lock:
             return {i: t for i, t in self._claimed.items() if i not in self._held}
+
+    def since_beat(self) -> list[int]:
+        """Every job held since the last :meth:`beat`, some maybe done by now: a worker
+        declared dead meanwhile lost no job but these."""
+        with self._lock:
+            return sorted(self._since_beat)
+
+    def beat(self) -> None:
+        """A heartbeat was written: from here on, only the jobs held now and those
+        claimed later count in :meth:`since_beat`."""
+        with self._lock:
+            self._since_beat = set(self._claimed)
 
     def ids(self) -> list[int]:
         """Every job held in any way, in id order."""

@@ -246,13 +246,16 @@ class Upkeep:
                     within=interval,
                 )
                 if not alive:
-                    # Declared dead while cut off: our running jobs were (or will be)
-                    # rescued and their late outcomes are fenced. Carry on as a new worker.
+                    # Declared dead while cut off: our running jobs were rescued and their
+                    # late outcomes are fenced. We were not dead, so those rescues were
+                    # no crashes. Carry on as a new worker.
                     old = self.id
+                    self._came_back(old, self._slots.since_beat())
                     self.id = new_worker_id()
                     self.registered = False
                     self.register()
                     log.error("worker %s was declared dead; continuing as %s", old, self.id)
+                self._slots.beat()
             except sa.exc.SQLAlchemyError as exc:
                 # What a probe is told: the kind of error, not the driver's text, which
                 # names the server's address (the log line below has it all).
@@ -278,6 +281,26 @@ class Upkeep:
             if now >= self._next_expiry:
                 self.expire_unserved()
             self.last_round = time.monotonic()
+
+    def _came_back(self, old_id: str, held: list[int]) -> None:
+        taken = self._store.run_write(
+            lambda conn: lifecycle.worker_came_back(
+                conn,
+                old_id,
+                held,
+                self._clock(),
+                max_crashes=self._store.settings.max_crashes,
+            )
+        )
+        for back in taken:
+            log.warning(
+                "job=%s: its rescue from worker %s is no crash, the worker reported in "
+                "again (crashes now %s, job %s)",
+                back.job_id,
+                old_id,
+                back.crashes,
+                back.status,
+            )
 
     def _healthy(self) -> None:
         for callback in self.on_healthy:
