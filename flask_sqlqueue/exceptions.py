@@ -80,7 +80,8 @@ class ArgumentDecodeError(ArgumentTypeError, ValueError):
 
 
 class PayloadTooLarge(PayloadValueError):
-    """Arguments whose JSON is larger than the database stores in one value."""
+    """Arguments whose JSON is larger than the database stores in one value: a
+    :class:`PayloadError` (so a ``TypeError``) and a ``ValueError``."""
 
     def __init__(self, size: int, limit: int, where: str) -> None:
         self.path = "arguments"

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import pytest
 
+import flask_sqlqueue
 from flask_sqlqueue import config
 from flask_sqlqueue.cli import queue_cli
 
@@ -45,7 +46,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _text(page: Path) -> str:
     """A built page's text, tags dropped and entities decoded."""
-    return html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+    return _untagged(page.read_text())
+
+
+def _untagged(markup: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", markup))
 
 
 def _commands(group: click.Group, path: str) -> list[tuple[str, click.Command]]:
@@ -113,3 +118,121 @@ def test_no_page_sends_readers_to_a_readme_section_that_is_not_there() -> None:
         for match in re.finditer(r"(?:see|in|as) the README\b(?!'s \")", text):
             wrong.append(f"{page.relative_to(ROOT)}: {match.group(0)!r} names no section")
     assert wrong == [], "\n".join(wrong)
+
+
+def _console_sample(page: str, command: str) -> list[str]:
+    """The lines a ``console`` block of docs/``page`` shows ``$ command`` printing."""
+    text = (ROOT / "docs" / page).read_text()
+    for block in re.findall(r"```console\n(.*?)```", text, re.DOTALL):
+        lines = block.splitlines()
+        if f"$ {command}" in lines:
+            start = lines.index(f"$ {command}") + 1
+            after = [i for i, line in enumerate(lines) if i >= start and line.startswith("$ ")]
+            return lines[start : after[0] if after else len(lines)]
+    pytest.fail(f"docs/{page} no longer shows `$ {command}`")
+
+
+def _shape(lines: list[str]) -> list[str]:
+    """Lines with their numbers as ``N`` and their spacing as one space: what a sample
+    must share with real output whose counts, ages and ids differ."""
+    return [re.sub(r"\d+", "N", " ".join(line.split())) for line in lines]
+
+
+def test_the_tutorials_status_sample_is_what_the_command_prints(tmp_path: Path) -> None:
+    """The tutorial's app, in a folder of its own with a real SQLite queue, one job
+    enqueued through its own route: ``flask queue status`` prints the lines the tutorial
+    shows, warnings (stderr) where a terminal shows them."""
+    page = (ROOT / "docs" / "tutorial.md").read_text()
+    shop = page.split("Save this as `shop.py`:\n\n```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "shop.py").write_text(shop)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLASK_", "SQLQUEUE_"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout
+        return done.stdout
+
+    command = "flask --app shop queue status"
+    run("-m", "flask", "--app", "shop", "queue", "db", "upgrade")
+    run("-c", "import shop; shop.create_app().test_client().post('/count', data={'text': 'a b'})")
+    printed = run("-m", *command.split()).splitlines()
+    assert _shape(_console_sample("tutorial.md", command)) == _shape(printed)
+
+
+def test_the_api_reference_leaves_no_rst_literal_marker(site: Path) -> None:
+    """Docstrings are Sphinx-style: the ``::`` that opens a literal block is markup, and
+    must not be left in the prose around the code it introduced."""
+    page = (site / "reference" / "api" / "index.html").read_text()
+    prose = _untagged(re.sub(r"<pre\b.*?</pre>|<code\b.*?</code>", "", page, flags=re.DOTALL))
+    stray = [
+        " ".join(prose[max(0, m.start() - 60) : m.end()].split()) for m in re.finditer("::", prose)
+    ]
+    assert stray == [], "\n".join(stray)
+
+
+def test_the_api_reference_names_no_internal_base_class(site: Path) -> None:
+    """A class's bases name only what a reader can import or find on the page
+    (``flask_sqlqueue.__all__``, or a class documented there), never an internal one."""
+    page = (site / "reference" / "api" / "index.html").read_text()
+    documented = set(re.findall(r'id="([\w.]+)"', page))
+    internal = []
+    for bases in re.findall(r"Bases: (.*?)</p>", page, re.DOTALL):
+        top = re.sub(r"\[.*?\]", "", bases)  # Generic[P, R]: the base, not its parameters
+        titles = {name: title for title, name in re.findall(r'<span title="([^"]+)">([^<]+)<', top)}
+        for name in (n.strip() for n in _untagged(top).split(",")):
+            title = titles.get(name, name)
+            ours = title.startswith("flask_sqlqueue.")
+            if (
+                name.startswith("_")
+                or "._" in title
+                or (ours and name not in flask_sqlqueue.__all__ and title not in documented)
+            ):
+                internal.append(title)
+    assert internal == []
+
+
+#: The rule that keeps each key of the configuration table on one line.
+KEYS_COLUMN = ".config-keys td:first-child code"
+
+
+def test_the_configuration_tables_keys_never_break(site: Path) -> None:
+    """A narrow column must not break ``SQLQUEUE_INLINE_PAYLOAD_LIMIT`` mid-word: the
+    table sits in a ``config-keys`` block, and a stylesheet the page loads keeps the
+    code of its first column on one line (Material's own rule lets code break anywhere)."""
+    page = (site / "reference" / "configuration" / "index.html").read_text()
+    block = re.search(r'<div class="config-keys">\s*<table>(.*?)</table>', page, re.DOTALL)
+    assert block, "the keys table is not in a config-keys block"
+    first = re.findall(r"<tr>\s*<td>(.*?)</td>", block.group(1), re.DOTALL)
+    assert sorted(re.sub(r"</?code>", "", cell) for cell in first) == sorted(config.KEYS)
+    sheets = re.findall(r'<link rel="stylesheet" href="([^"]+)"', page)
+    here = site / "reference" / "configuration"
+    css = "".join((here / href).read_text() for href in sheets if "//" not in href)
+    rule = re.search(re.escape(KEYS_COLUMN) + r"\s*\{([^}]*)\}", css)
+    assert rule, f"no stylesheet of the page has a rule for {KEYS_COLUMN}"
+    declared = {
+        k.strip(): v.strip()
+        for k, v in (d.split(":", 1) for d in rule.group(1).split(";") if d.strip())
+    }
+    assert declared.get("white-space") == "nowrap", declared
+    assert declared.get("word-break") == "keep-all", declared
+
+
+def test_the_tutorials_retry_step_does_not_leave_the_reader_waiting() -> None:
+    """The failure step says how to skip the backoff rather than wait a minute for it,
+    and every ``flask queue`` command the tutorial names is a real one."""
+    page = (ROOT / "docs" / "tutorial.md").read_text()
+    step = page.split("## 7. When a task fails", 1)[1].split("\n## ", 1)[0]
+    assert "flask --app shop queue run-now" in step
+    names = {full.removeprefix("flask queue ") for full, _ in _commands(queue_cli, "flask queue")}
+    used = re.findall(r"flask --app shop queue\s+([a-z-]+(?: [a-z-]+)?)", page)
+    unknown = [u for u in used if u not in names and u.split()[0] not in names]
+    assert used and unknown == [], unknown

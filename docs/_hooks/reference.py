@@ -5,6 +5,9 @@
   their defaults, help), so it cannot go stale.
 - The docstrings' Sphinx roles (``:class:`Job```, ``:meth:`~Task.using```), which
   mkdocstrings leaves as text, become plain code in the rendered pages.
+- The ``::`` that opens a docstring's literal block, which mkdocstrings also leaves as
+  text (the indented block itself renders as code), goes as reStructuredText says: a
+  paragraph of ``::`` alone is dropped, ``example::`` shows as ``example:``.
 - The configuration page must name every key of ``flask_sqlqueue.config.KEYS``; a key
   it lacks is a warning (an error with ``--strict``).
 """
@@ -32,6 +35,9 @@ log = logging.getLogger("mkdocs.hooks.reference")
 MARKER = "<!-- cli-reference -->"
 # A role before a code span, and the "~" that asks Sphinx to show the last name only.
 _ROLE = re.compile(r":(?:class|meth|func|data|attr|exc|mod|obj):(<code>)~?")
+# A paragraph of "::" alone, and a paragraph's "::" end (" ::" shows nothing, "::" one colon).
+_LITERAL_ALONE = re.compile(r"<p>::</p>\n?")
+_LITERAL_END = re.compile(r"( ?)::</p>")
 CONFIG_PAGE = "reference/configuration.md"
 
 
@@ -105,4 +111,6 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
 
 def on_page_content(html_text: str, page: Any, config: Any, files: Any) -> str:
+    html_text = _LITERAL_ALONE.sub("", html_text)
+    html_text = _LITERAL_END.sub(lambda m: "</p>" if m.group(1) else ":</p>", html_text)
     return _ROLE.sub(r"\1", html_text)
