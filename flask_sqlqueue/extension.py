@@ -29,6 +29,7 @@ from typing import overload
 from flask import Flask
 from flask import current_app
 from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Engine
 
 from . import schema
 from .config import DEFAULTS
@@ -39,6 +40,7 @@ from .core.aio import in_thread
 from .core.audit import Audit
 from .core.batches import Batch
 from .core.dialects import in_folder
+from .core.dialects import in_memory
 from .core.enqueue import Call
 from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
@@ -109,6 +111,16 @@ class QueueState:
             self.store.check_server()
             self._schema_ok = True
 
+    def check_worker_can_run(self) -> None:
+        """Refuse a worker on a database no worker can share: the app's in-memory one
+        (``Store.in_memory``). Checked before the tables, which a worker's own process
+        would not find there.
+
+        :raises ConfigurationError: naming ``SQLQUEUE_USE_APP_DATABASE`` and what to do.
+        """
+        if self.store.in_memory:
+            raise ConfigurationError(_IN_MEMORY_WORKER)
+
     def schema_changed(self) -> None:
         """Check the tables again at the next use: they were just upgraded or downgraded."""
         self._schema_ok = False
@@ -161,10 +173,11 @@ def queue_state(app: Flask | None = None, *, queue: QueueExtension | None = None
     return found
 
 
-def _flask_sqlalchemy_url(app: Flask) -> str:
-    """The URL of the default engine of the app's Flask-SQLAlchemy, for
-    ``SQLQUEUE_USE_APP_DATABASE``: the queue opens an engine of its own on it (its
-    connections need settings of their own: docs/flask-sqlalchemy.md).
+def _flask_sqlalchemy_engine(app: Flask) -> Engine:
+    """The default engine of the app's Flask-SQLAlchemy, for ``SQLQUEUE_USE_APP_DATABASE``:
+    the queue opens an engine of its own on its URL (its connections need settings of
+    their own: docs/flask-sqlalchemy.md), except on an in-memory database, which only
+    this engine's one connection holds: the queue shares the engine itself.
 
     :raises ConfigurationError: Flask-SQLAlchemy is not set up on the app (yet).
     """
@@ -175,14 +188,24 @@ def _flask_sqlalchemy_url(app: Flask) -> str:
             "app: call db.init_app(app) before queue.init_app(app)."
         )
     with app.app_context():
-        engine = db.engines.get(None)
+        engine: Engine | None = db.engines.get(None)
     if engine is None:
         raise ConfigurationError(
             "SQLQUEUE_USE_APP_DATABASE is set, but Flask-SQLAlchemy has no default "
             "database on this app: set SQLALCHEMY_DATABASE_URI."
         )
-    url: str = engine.url.render_as_string(hide_password=False)
-    return url
+    return engine
+
+
+#: Why no worker runs on an app's in-memory database, and what to do instead.
+_IN_MEMORY_WORKER = (
+    "SQLQUEUE_USE_APP_DATABASE puts the queue in the app's database, and "
+    "SQLALCHEMY_DATABASE_URI is an in-memory SQLite database: it lives in one connection "
+    "of one process, which no worker can share (a `flask queue work` process has an empty "
+    "one of its own). Run the jobs where they are enqueued, as tests do: "
+    "SQLQUEUE_EAGER = True, or drain() from flask_sqlqueue.testing; or, to run a worker, "
+    "give the app a database file: SQLALCHEMY_DATABASE_URI = 'sqlite:///test.db'."
+)
 
 
 class QueueExtension:
@@ -215,14 +238,24 @@ class QueueExtension:
         for key, default in DEFAULTS.items():
             app.config.setdefault(key, dict(default) if isinstance(default, dict) else default)
         settings = Settings.from_mapping(
-            app.config, app.instance_path, app_database=lambda: _flask_sqlalchemy_url(app)
+            app.config,
+            app.instance_path,
+            app_database=lambda: _flask_sqlalchemy_engine(app).url.render_as_string(
+                hide_password=False
+            ),
         )
         # A relative SQLite path is read from the instance folder, as Flask-SQLAlchemy
         # reads its own: the same file whichever directory a worker is started from.
         uri = in_folder(settings.database_uri, app.instance_path)
         if uri != settings.database_uri:
             settings = dataclasses.replace(settings, database_uri=uri)
-        store = Store.from_settings(settings)
+        if settings.use_app_database and in_memory(settings.database_uri):
+            # The database is the app engine's one connection (Flask-SQLAlchemy gives
+            # sqlite:// a StaticPool): the queue's tables and jobs go there, through the
+            # app's engine, for eager mode and drain() (no worker: see worker()).
+            store = Store(_flask_sqlalchemy_engine(app), settings)
+        else:
+            store = Store.from_settings(settings)
         store.signal_sender = app  # signals name the app, as Flask's own do
         store.hooks = self.hooks  # shared: a hook added later serves every app
         app.extensions[EXTENSION_KEY] = QueueState(self, settings, store)
@@ -747,6 +780,7 @@ class QueueExtension:
         """
         app = resolve_app(app)
         state = self.state(app)
+        state.check_worker_can_run()
         state.ensure_schema()
         return Worker(
             state.store,

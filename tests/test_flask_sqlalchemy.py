@@ -191,3 +191,102 @@ def test_misconfigurations_name_the_fix(instance: Path) -> None:
     app.config.update(SQLQUEUE_USE_APP_DATABASE="maybe")
     with pytest.raises(ConfigurationError, match="SQLQUEUE_USE_APP_DATABASE must be True or"):
         SQLQueue().init_app(app)
+
+
+# -- an in-memory database of the app's (sqlite://, common in tests) ------------------------
+
+MEMORY = ["sqlite://", "sqlite:///:memory:"]
+
+
+@pytest.mark.parametrize("uri", MEMORY)
+def test_eager_mode_runs_jobs_in_an_in_memory_app_database(instance: Path, uri: str) -> None:
+    app, db, queue = make(
+        instance,
+        {"SQLALCHEMY_DATABASE_URI": uri, "SQLQUEUE_USE_APP_DATABASE": True, "SQLQUEUE_EAGER": True},
+    )
+    Note = app.extensions["test_note"]
+    try:
+        queue.upgrade_database(app=app)  # on the app's one connection, beside its own tables
+        with app.app_context():
+            db.create_all()
+            db.session.add(Note(id=1, text="kept"))
+            db.session.commit()
+            job = queue.enqueue("read_note", args=[1])
+            assert (job.status, job.result) == (JobStatus.COMPLETED, "kept")
+            done = queue.get_job(job.id)
+            assert done is not None
+            assert (done.status, done.result) == (JobStatus.COMPLETED, "kept")
+            # The queue's tables are in the app's database: its own session reads them.
+            rows = db.session.execute(sa.text("SELECT id, status FROM sqlqueue_jobs")).all()
+            assert [tuple(r) for r in rows] == [(job.id, "completed")]
+        # Nothing was written to a file, in the instance folder or the working directory.
+        assert not instance.exists() or not any(instance.iterdir())
+        assert not any(Path().iterdir())
+    finally:
+        dispose(app, db)
+
+
+def test_tests_drain_the_jobs_of_an_in_memory_app_database(instance: Path) -> None:
+    from flask_sqlqueue.testing import assert_enqueued
+    from flask_sqlqueue.testing import drain
+
+    app, db, queue = make(
+        instance, {"SQLALCHEMY_DATABASE_URI": "sqlite://", "SQLQUEUE_USE_APP_DATABASE": True}
+    )
+    Note = app.extensions["test_note"]
+    try:
+        queue.upgrade_database(app=app)
+        with app.app_context():
+            db.create_all()
+            db.session.add(Note(id=1, text="kept"))
+            job = queue.enqueue("read_note", args=[1], session=db.session)
+            db.session.commit()  # the note and its job, in one transaction
+            db.session.add(Note(id=2, text="dropped"))
+            dropped = queue.enqueue("read_note", args=[2], session=db.session)
+            db.session.rollback()
+            assert queue.get_job(dropped.id) is None
+            assert assert_enqueued("read_note", args=[1]).id == job.id
+            [ran] = drain()
+            assert (ran.id, ran.status, ran.result) == (job.id, JobStatus.COMPLETED, "kept")
+            assert drain() == []
+    finally:
+        dispose(app, db)
+
+
+@pytest.mark.parametrize("uri", MEMORY)
+def test_a_worker_on_an_in_memory_app_database_is_refused_by_name(instance: Path, uri: str) -> None:
+    app, db, queue = make(
+        instance, {"SQLALCHEMY_DATABASE_URI": uri, "SQLQUEUE_USE_APP_DATABASE": True}
+    )
+    try:
+        # As a worker's own process finds it: the app's tables and the queue's are in
+        # another process's memory. The message comes first, not one about the tables.
+        with app.app_context(), pytest.raises(ConfigurationError) as raised:
+            queue.worker()
+        message = str(raised.value)
+        for fragment in ("SQLQUEUE_USE_APP_DATABASE", "SQLALCHEMY_DATABASE_URI", "in-memory"):
+            assert fragment in message, message
+        # What to do: a file, or run the jobs in the test itself.
+        for fragment in ("sqlite:///", "SQLQUEUE_EAGER", "drain()"):
+            assert fragment in message, message
+        # `flask queue work` says the same, in one line.
+        result = app.test_cli_runner().invoke(args=["queue", "work", "--burst"])
+        assert result.exit_code == 1, (result.output, result.exception)
+        assert isinstance(result.exception, SystemExit), repr(result.exception)
+        assert "Traceback" not in result.output
+        errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+        assert len(errors) == 1, result.output
+        assert "SQLQUEUE_USE_APP_DATABASE" in errors[0]
+        # With the tables made, so still: and `flask queue doctor` names it, rather than
+        # a journal mode to fix.
+        queue.upgrade_database(app=app)
+        with (
+            app.app_context(),
+            pytest.raises(ConfigurationError, match="SQLQUEUE_USE_APP_DATABASE"),
+        ):
+            queue.worker()
+        doctor = app.test_cli_runner().invoke(args=["queue", "doctor"])
+        assert "an in-memory database: no worker can share it" in doctor.output
+        assert "journal_mode" not in doctor.output
+    finally:
+        dispose(app, db)

@@ -37,6 +37,7 @@ from ..core import queries
 from ..core import queues
 from ..core import retention
 from ..core.audit import Audit
+from ..core.jobs import unreadable_note
 from ..core.models import JobStatus
 from ..core.retries import retry_plan
 from ..core.tags import check_tag
@@ -236,6 +237,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             "relative": relative,
             "seconds": duration,
             "pretty": pretty,
+            "unreadable_note": unreadable_note,
         }
 
     # -- errors -----------------------------------------------------------------------

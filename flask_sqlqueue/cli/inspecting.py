@@ -18,6 +18,7 @@ from ..core import periodic
 from ..core import queries
 from ..core import retention
 from ..core.jobs import Job
+from ..core.jobs import unreadable_note
 from ..core.models import JobStatus
 from ..core.queues import paused_queues
 from ..core.retries import PlannedAttempt
@@ -222,7 +223,7 @@ def list_command(
             job.task,
             _status_text(job.status, job.crashes, budget),
             f"{job.attempts}/{job.max_attempts}",
-            format_time(job.run_at),
+            "unreadable" if "run_at" in job.unreadable else format_time(job.run_at),
             first_line(job.last_error, 50),
         ]
         for job in jobs
@@ -233,6 +234,9 @@ def list_command(
         for row, job in zip(rows, jobs, strict=True):
             row.append(",".join(job.tags))
     click.echo(format_table(headers, rows))
+    for job in jobs:
+        if job.unreadable:  # edited by hand: `show` says the same
+            click.echo(f"warning: job {job.id} {unreadable_note(job.unreadable)}", err=True)
     if more:
         click.echo(f"(more: --before {jobs[-1].id})")
 
@@ -301,18 +305,18 @@ def show_command(job_id: int) -> None:
         ("idempotency key", job.idempotency_key or "-"),
         ("tags", ", ".join(job.tags) or "-"),
         ("unique key", job.unique_key or "-"),
-        ("run at", format_time(job.run_at)),
-        ("expires", format_time(job.expires_at) or "-"),
-        ("created", format_time(job.created_at)),
-        ("updated", format_time(job.updated_at)),
-        ("started", format_time(job.started_at) or "-"),
-        ("finished", format_time(job.finished_at) or "-"),
+        ("run at", _when(job, "run_at")),
+        ("expires", _when(job, "expires_at")),
+        ("created", _when(job, "created_at")),
+        ("updated", _when(job, "updated_at")),
+        ("started", _when(job, "started_at")),
+        ("finished", _when(job, "finished_at")),
         ("worker", job.worker_id or "-"),
         ("rescues", job.rescues),
         ("releases", job.releases),
         ("snoozes", job.snoozes),
         ("progress", progress_bar(job.progress, job.progress_message)),
-        ("cancel request", format_time(job.cancel_requested_at) or "-"),
+        ("cancel request", _when(job, "cancel_requested_at")),
         ("last error", job.last_error or "-"),
     ]
     batch = None if job.batch_id is None else batches.get_batch(state.store, job.batch_id)
@@ -351,6 +355,11 @@ def show_command(job_id: int) -> None:
     own = registered.backoff if registered is not None else None
     for line in _retry_lines(job, retry_plan(job, state.store.backoff, own), state.store.now()):
         click.echo(line)
+    if not isinstance(job.errors, list):  # edited by hand: shown whole, as it is
+        click.echo("errors: unreadable (not a JSON list), as stored:")
+        raw = job.errors if isinstance(job.errors, str) else json.dumps(job.errors, indent=2)
+        click.echo(indent(raw))
+        return
     click.echo(f"errors: {len(job.errors)}")
     for record in job.errors:
         if not isinstance(record, dict):
@@ -362,6 +371,14 @@ def show_command(job_id: int) -> None:
         )
         if record.get("traceback"):
             click.echo(indent(str(record["traceback"]).rstrip(), 4))
+
+
+def _when(job: Job, column: str) -> str:
+    """A timestamp of ``job`` as ``show`` prints it: ``-`` if empty, or what its column
+    holds if that is no timestamp (edited by hand)."""
+    if column in job.unreadable:
+        return unreadable_note({column: job.unreadable[column]})
+    return format_time(getattr(job, column)) or "-"
 
 
 def _status_text(status: str, crashes: int, max_crashes: int) -> str:
@@ -396,6 +413,8 @@ def _retry_lines(job: Job, planned: list[PlannedAttempt], now: datetime) -> list
             least, most = (_seconds(seconds) for seconds in step.wait)
             spread = least if most == least else f"{least}-{most}"
             lines.append(f"  {name}  {spread} after attempt {step.number - 1} fails")
+        else:
+            lines.append(f"  {name}  due: run_at is unreadable")
     last = planned[-1].number if planned else job.attempts
     lines.append(f"  after attempt {last} fails: dead (replay with `flask queue retry {job.id}`)")
     return lines

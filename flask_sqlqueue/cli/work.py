@@ -171,7 +171,9 @@ def work_command(
     ctx = click.get_current_context()
     if processes and ctx.get_parameter_source("concurrency") is not ParameterSource.DEFAULT:
         raise click.UsageError("Give --processes or --concurrency, not both.")
-    state = app_state()
+    state = app_state(check_schema=False)
+    state.check_worker_can_run()  # first: a worker's process may have no tables to check
+    state.ensure_schema()
     isolated = any(task.isolate for task in state.registry.values())
     for flag, given in (
         ("--max-jobs-per-child", max_jobs_per_child),

@@ -1,5 +1,7 @@
 """The :class:`Job` users see: a plain snapshot of one row, re-read with :meth:`Job.refresh`,
-or waited for with :meth:`Job.wait` until it finishes."""
+or waited for with :meth:`Job.wait` until it finishes; and :func:`read_rows`, which reads
+rows of jobs for it and for the lists, a row edited by hand into values that cannot be
+read among them."""
 
 from __future__ import annotations
 
@@ -8,14 +10,21 @@ import contextvars
 import math
 import threading
 from collections.abc import Mapping
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 from typing import Protocol
 
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
 from ..bounds import positive_seconds
 from .models import JobStatus
+from .models import UTCDateTime
+from .models import jobs
 from .payload import decode_call
 from .payload import decode_value
 from .tags import read_meta
@@ -64,6 +73,9 @@ class Job:
     progress_message: str | None = None
     #: Why ``args``/``kwargs`` are empty, when the stored payload could not be decoded.
     payload_error: str | None = None
+    #: The columns of a row edited by hand that hold what no timestamp can be, each
+    #: with the text it holds; those attributes are ``None`` (:func:`read_rows`).
+    unreadable: dict[str, str] = field(default_factory=dict)
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
     #: Its tags (docs/tags.md): its task's, then those given at enqueue.
@@ -155,6 +167,7 @@ class Job:
             progress=getattr(row, "progress", None),
             progress_message=getattr(row, "progress_message", None),
             payload_error=payload_error,
+            unreadable=getattr(row, "unreadable", None) or {},
             batch_id=getattr(row, "batch_id", None),
             tags=read_tags(getattr(row, "tags", None)),
             meta=read_meta(getattr(row, "meta", None)),
@@ -283,6 +296,76 @@ def _wait_options(timeout: object, poll_interval: object) -> tuple[float | None,
             )
     poll = positive_seconds(poll_interval, "poll_interval", "1.0")
     return (None if timeout is None else float(timeout)), poll
+
+
+#: What decoding a column value that no timestamp can be raises: SQLite's text (a
+#: ValueError), a zero date from MariaDB (text, which ``UTCDateTime`` fails on), a year
+#: past 9999 or infinity from PostgreSQL (the driver's DataError, raised for the rows
+#: fetched with it).
+_UNDECODABLE = (ValueError, TypeError, AttributeError, sa.exc.DataError)
+
+
+def read_rows(conn: Connection, query: sa.Select[Any]) -> Sequence[Any]:
+    """The rows of ``query``, a SELECT of columns of ``sqlqueue_jobs`` (``id`` among them).
+
+    A timestamp edited by hand into something no ``datetime`` holds fails the whole
+    read. Then the rows are read one by one: each that still fails comes back as an
+    :class:`UnreadableRow`, that column ``None`` and its text in ``unreadable`` (which
+    :class:`Job` and the lists take), and every other row as usual. A failure that is
+    not a column of the jobs' timestamps is raised.
+    """
+    try:
+        return conn.execute(query).all()
+    except _UNDECODABLE as exc:
+        failure = exc
+    found = []
+    for job_id in conn.execute(query.with_only_columns(jobs.c.id)).scalars().all():
+        one = query.where(jobs.c.id == job_id)
+        try:
+            row = conn.execute(one).first()
+        except _UNDECODABLE:
+            row = _unreadable_row(conn, one, failure)
+        if row is not None:  # None: deleted meanwhile
+            found.append(row)
+    return found
+
+
+def _unreadable_row(conn: Connection, one: sa.Select[Any], failure: Exception) -> Any:
+    """The one row of ``one`` that cannot be read as it is: its timestamps read as text,
+    then each as itself, to find those that fail."""
+    columns = list(one.selected_columns)
+    stamps = {c.key for c in columns if isinstance(c.type, UTCDateTime)}
+    as_text = [sa.cast(c, sa.String).label(c.key) if c.key in stamps else c for c in columns]
+    row = conn.execute(one.with_only_columns(*as_text)).first()
+    if row is None:
+        return None
+    values, unreadable = dict(row._mapping), {}
+    for column in columns:
+        if column.key in stamps:
+            try:
+                values[column.key] = conn.execute(one.with_only_columns(column)).scalar()
+            except _UNDECODABLE:
+                unreadable[column.key], values[column.key] = values[column.key], None
+    if not unreadable:
+        raise failure
+    return UnreadableRow(**values, unreadable=unreadable)
+
+
+class UnreadableRow(SimpleNamespace):
+    """A row of :func:`read_rows` with columns that cannot be read: read by attribute or
+    through ``_mapping``, as a row is."""
+
+    @property
+    def _mapping(self) -> dict[str, Any]:
+        return vars(self)
+
+    def _asdict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def unreadable_note(columns: Mapping[str, str]) -> str:
+    """How columns that cannot be read are shown: ``unreadable: run_at holds 'x'``."""
+    return "unreadable: " + ", ".join(f"{name} holds {text!r}" for name, text in columns.items())
 
 
 def _decode_or_text(text: str | None) -> Any:

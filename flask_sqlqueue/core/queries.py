@@ -26,6 +26,7 @@ from .dependencies import Edges as Edges
 from .dependencies import job_edges as job_edges
 from .distinct import MAX_DISTINCT as MAX_DISTINCT
 from .distinct import distinct_values as distinct_values
+from .jobs import read_rows
 from .models import JobStatus
 from .models import effects
 from .models import job_tags
@@ -219,7 +220,7 @@ def list_jobs(
         query = query.where(_tags.tagged(tag))
     if before_id is not None:
         query = query.where(jobs.c.id < before_id)
-    rows = conn.execute(query.order_by(jobs.c.id.desc()).limit(limit)).all()
+    rows = read_rows(conn, query.order_by(jobs.c.id.desc()).limit(limit))
     return [JobSummary(**row._mapping) for row in rows]
 
 
@@ -394,6 +395,9 @@ class JobSummary:
     rescues: int = 0
     #: Of them, those whose worker never reported in again (the crash budget).
     crashes: int = 0
+    #: The columns that hold what no timestamp can be (edited by hand), each with its
+    #: text; those fields are ``None`` (:func:`.jobs.read_rows`).
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _preview(column: Any) -> Any:
@@ -402,7 +406,11 @@ def _preview(column: Any) -> Any:
 
 _PREVIEWED = ("progress_message", "last_error")
 _SUMMARY_COLUMNS = [
-    *(jobs.c[f.name] for f in dataclasses.fields(JobSummary) if f.name not in _PREVIEWED),
+    *(
+        jobs.c[f.name]
+        for f in dataclasses.fields(JobSummary)
+        if f.name not in (*_PREVIEWED, "unreadable")
+    ),
     *(_preview(jobs.c[name]) for name in _PREVIEWED),
 ]
 
@@ -424,7 +432,7 @@ def search_jobs(
         query = sa.select(*_SUMMARY_COLUMNS).where(*where.plain(), *clauses)
         if before_id is not None:
             query = query.where(jobs.c.id < before_id)
-        return list(conn.execute(query.order_by(order.desc()).limit(n)).all())
+        return list(read_rows(conn, query.order_by(order.desc()).limit(n)))
 
     if not where.text and not where.plain():
         rows = page()
@@ -470,7 +478,7 @@ def _tagged_page(
     )
     if before_id is not None:
         query = query.where(job_tags.c.job_id < before_id)
-    return list(conn.execute(query.order_by(job_tags.c.job_id.desc()).limit(limit)).all())
+    return list(read_rows(conn, query.order_by(job_tags.c.job_id.desc()).limit(limit)))
 
 
 #: Jobs the filtered list walks newest first before it turns to the filter's index.

@@ -49,6 +49,7 @@ from .hooks import Hooks
 from .inserts import PLAIN
 from .inserts import KeptInserts
 from .jobs import Job
+from .jobs import read_rows
 from .lifecycle import Backoff
 from .lifecycle import cut_text
 from .liveness import BootClock
@@ -112,6 +113,12 @@ class Store:
         self.settings = settings
         # The database is looked up once, here: everything that differs is in self.ops.
         self.ops: DialectOps = for_dialect(engine.dialect.name)
+        #: The database lives in the one connection of the engine's pool: an app's
+        #: in-memory SQLite database (``SQLQUEUE_USE_APP_DATABASE``), whose engine the
+        #: store shares as it is. No connection is ever taken out of that pool (it would
+        #: take the database with it), and no worker can share it (``QueueExtension.worker``
+        #: refuses): its jobs run where they are enqueued (eager mode, ``drain()``).
+        self.in_memory = self.ops.in_memory(engine.url)
         self.ops.configure_engine(engine, settings)
         self.read_engine = engine.execution_options(**self.ops.read_options())
         self.identity = database_identity(engine.url)
@@ -318,9 +325,14 @@ class Store:
 
     def _kept_inserts(self) -> KeptInserts | None:
         """The kept connections for plain one-job enqueues (core/inserts.py), made on
-        first use; ``None`` where the driver is not one :mod:`.inserts` knows."""
+        first use; ``None`` where the driver is not one :mod:`.inserts` knows, or the
+        database is in memory (:attr:`in_memory`: kept connections leave the pool)."""
         kept = self._kept
-        if kept is None and self.engine.dialect.driver in self.ops.kept_drivers:
+        if (
+            kept is None
+            and not self.in_memory
+            and self.engine.dialect.driver in self.ops.kept_drivers
+        ):
             with _waiters_lock:
                 kept = self._kept
                 if kept is None:
@@ -773,8 +785,8 @@ class Store:
 
     def get_job(self, job_id: int) -> Job | None:
         with self.read() as conn:
-            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
-            return None if row is None else self._job(conn, row)
+            rows = read_rows(conn, sa.select(jobs).where(jobs.c.id == job_id))
+            return self._job(conn, rows[0]) if rows else None
 
     # -- waiting for jobs to finish --------------------------------------------------------
 
@@ -911,6 +923,10 @@ class Writer:
 
     @contextmanager
     def begin(self) -> Iterator[Connection]:
+        if self._store.in_memory:  # the pool's one connection is the database: no own one
+            with self._store.write() as shared:
+                yield shared
+            return
         self._store.check_file()
         with self._store._writer_turn():
             conn = self._conn

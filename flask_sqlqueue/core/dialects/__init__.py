@@ -79,6 +79,14 @@ def in_folder(uri: str, folder: str) -> str:
     return uri if placed is url else placed.render_as_string(hide_password=False)
 
 
+def in_memory(uri: str) -> bool:
+    """Whether ``uri`` is a database that lives in one connection of this process
+    (SQLite's ``sqlite://``): see :meth:`DialectOps.in_memory`."""
+    url = sa.make_url(uri)
+    backend = url.get_backend_name()
+    return backend in _OPS and _ops_class(backend)().in_memory(url)
+
+
 def driver_missing(url: sa.URL, exc: ImportError) -> ConfigurationError:
     """The error for a URL whose driver module is not installed: the scheme of a driver
     the queue's extras install, and the extra."""

@@ -248,6 +248,13 @@ class DialectOps:
         folder), as Flask-SQLAlchemy reads it. Default: ``url`` (a server's)."""
         return url
 
+    def in_memory(self, url: sa.URL) -> bool:
+        """Whether ``url`` is a database that lives in one connection of this process
+        (SQLite's ``sqlite://``), which no other connection sees, nor any other process.
+        The queue opens no such engine of its own; it shares an app's, as it is
+        (``Store.in_memory``). Default: ``False`` (a file or a server)."""
+        return False
+
     def configure_engine(self, engine: Engine, settings: Settings) -> None:
         """Install whatever connection set-up the database needs. Default: nothing."""
 

@@ -56,12 +56,12 @@ class SQLiteOps(DialectOps):
         return int(getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
 
     def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
-        if url.database in (None, "", ":memory:"):
+        if self.in_memory(url):
             raise ValueError(
                 "An in-memory SQLite database cannot be shared by a worker; "
                 "use a file: sqlite:///path/to/queue.db"
             )
-        os.makedirs(os.path.dirname(os.path.abspath(url.database)) or ".", exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(url.database or "")) or ".", exist_ok=True)
         return dict(options)
 
     def in_folder(self, url: sa.URL, folder: str) -> sa.URL:
@@ -89,14 +89,21 @@ class SQLiteOps(DialectOps):
             )
         return url.set(database=placed)
 
+    def in_memory(self, url: sa.URL) -> bool:
+        # As Flask-SQLAlchemy tells one (it gives these a StaticPool: one connection).
+        return url.database in (None, "", ":memory:")
+
     @classmethod
     def identity(cls, url: sa.URL) -> str:
         return "sqlite:" + os.path.realpath(url.database or ":memory:")
 
     def database_file(self, url: sa.URL) -> str | None:
-        return os.path.abspath(url.database or "")
+        # An in-memory database is no file (abspath("") would be the working directory).
+        return None if self.in_memory(url) else os.path.abspath(url.database or "")
 
     def wake_dir(self, url: sa.URL) -> Path | None:
+        if self.in_memory(url):
+            return None  # no worker waits on it: none can share it
         return wakeup.wake_dir(os.path.realpath(url.database or ""))
 
     def busy_error(self, reason: str) -> Exception:
@@ -110,6 +117,11 @@ class SQLiteOps(DialectOps):
                 f"SQLite {sqlite3.sqlite_version} is too old: the queue's claim needs "
                 "UPDATE ... RETURNING, from SQLite 3.35."
             )
+        if self.in_memory(engine.url):
+            # An app's engine (SQLQUEUE_USE_APP_DATABASE), shared as it is: its one
+            # connection is the app's as well, and keeps the app's settings. There is
+            # no other writer to take a lock against.
+            return
         pragmas = (
             # The timeout first: switching to WAL needs a lock another process may hold.
             f"PRAGMA busy_timeout={int(settings.sqlite_busy_timeout * 1000)}",
@@ -173,6 +185,9 @@ class SQLiteOps(DialectOps):
 
     def diagnose(self, conn: Connection) -> list[Finding]:
         found = [Finding(OK, f"SQLite {sqlite3.sqlite_version}")]
+        if self.in_memory(conn.engine.url):  # the app's (configure_engine): no file to tune
+            fix = "run its jobs with SQLQUEUE_EAGER or drain(); a worker needs a database file"
+            return [*found, Finding(WARN, "an in-memory database: no worker can share it", fix)]
         journal = conn.exec_driver_sql("PRAGMA journal_mode").scalar_one()
         synchronous = conn.exec_driver_sql("PRAGMA synchronous").scalar_one()
         busy = conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one()

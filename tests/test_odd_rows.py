@@ -1,0 +1,175 @@
+"""Rows edited by hand into values this version cannot read, on every backend.
+
+Each backend keeps some timestamp no ``datetime`` can hold: SQLite any text; MariaDB a
+zero date, even in its default strict ``sql_mode`` (which lacks ``NO_ZERO_DATE``);
+PostgreSQL ``infinity`` and years past 9999. A page or command that reads such a row
+shows it as unreadable, naming the column and what it holds, and every other row as usual.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+import sqlalchemy as sa
+from click.testing import Result
+from flask import Flask
+from sqlalchemy.pool import NullPool
+
+from tests import sample_app
+
+#: Per backend, two values a hand edit can leave in a timestamp column.
+ODD = {
+    "sqlite": ("not a date", "2026-13-45 99:99"),
+    "mysql": ("0000-00-00 00:00:00", "2026-00-00 00:00:00"),
+    "postgresql": ("infinity", "20000-01-01 00:00:00+00"),
+}
+COLUMNS = ("run_at", "created_at", "updated_at", "started_at", "finished_at")
+#: Those a list reads (it never reads started_at or finished_at).
+LISTED = ("run_at", "created_at", "updated_at")
+STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+
+
+def spoil(database_uri: str, job_id: int, column: str, value: str) -> None:
+    """Write ``value`` into one job's column as a person at a SQL prompt would."""
+    engine = sa.create_engine(database_uri, poolclass=NullPool)
+    try:
+        with engine.begin() as conn:
+            if engine.dialect.name == "mysql":  # as any client may have it configured
+                conn.exec_driver_sql("SET SESSION sql_mode = ''")
+            conn.execute(
+                sa.text(f"UPDATE sqlqueue_jobs SET {column} = :value WHERE id = :id"),
+                {"value": value, "id": job_id},
+            )
+    finally:
+        engine.dispose()
+
+
+def shown(value: str) -> str:
+    """How the start of ``value`` reads back as text (MariaDB adds the microseconds,
+    PostgreSQL renders the zone of the session)."""
+    return value[:10]
+
+
+Spoiled = tuple[Flask, list[int], dict[int, tuple[str, str]]]
+
+
+@pytest.fixture
+def spoiled(make_app: Callable[..., Flask], database_uri: str, backend: str) -> Spoiled:
+    """Seven pending jobs; the five in the middle each with one timestamp spoiled."""
+    app = make_app()
+    with app.app_context():
+        ids = [sample_app.add.enqueue(1, n).id for n in range(len(COLUMNS) + 2)]
+    bad = {}
+    for n, (job_id, column) in enumerate(zip(ids[1:], COLUMNS, strict=False)):
+        value = ODD[backend][n % 2]
+        spoil(database_uri, job_id, column, value)
+        bad[job_id] = (column, value)
+    return app, ids, bad
+
+
+def cli(app: Flask, *args: str) -> Result:
+    return app.test_cli_runner().invoke(args=["queue", *args])
+
+
+def table_rows(output: str) -> dict[int, str]:
+    return {int(line.split()[0]): line for line in output.splitlines() if line[:1].isdigit()}
+
+
+@pytest.mark.parametrize("args", [(), ("--status", "pending")])
+def test_list_shows_an_unreadable_row_and_the_others(spoiled: Spoiled, args: tuple[str]) -> None:
+    app, ids, bad = spoiled
+    result = cli(app, "list", *args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    rows = table_rows(result.stdout)
+    assert list(rows) == ids[::-1]
+    for job_id in set(ids) - set(bad):
+        assert STAMP.search(rows[job_id]), rows[job_id]
+    for job_id, (column, value) in bad.items():
+        if column not in LISTED:
+            assert f"job {job_id} " not in result.stderr and STAMP.search(rows[job_id])
+            continue
+        assert f"job {job_id} " in result.stderr, result.stderr
+        assert f"{column} holds '{shown(value)}" in result.stderr, result.stderr
+        if column == "run_at":
+            assert "unreadable" in rows[job_id] and not STAMP.search(rows[job_id])
+        else:
+            assert STAMP.search(rows[job_id]), rows[job_id]
+
+
+def test_show_names_the_unreadable_column(spoiled: Spoiled) -> None:
+    app, ids, bad = spoiled
+    for job_id, (column, value) in bad.items():
+        result = cli(app, "show", str(job_id))
+        assert result.exit_code == 0, (result.output, result.exception)
+        out = result.stdout
+        assert f"unreadable: {column} holds '{shown(value)}" in out, out
+        assert "tests.sample_app.add" in out and "args:" in out and "[\n    1," in out
+        fields = dict(line.split("  ", 1) for line in out.split("\n\n")[0].splitlines()[1:])
+        for label, other in (("run at", "run_at"), ("created", "created_at")):
+            if other != column:
+                assert STAMP.match(fields[label].strip()), fields
+        with app.app_context():
+            job = sample_app.queue.get_job(job_id)
+        assert job is not None and job.id == job_id and getattr(job, column) is None
+        assert list(job.unreadable) == [column]
+    with app.app_context():
+        good = sample_app.queue.get_job(ids[0])
+    assert good is not None and good.unreadable == {} and good.run_at is not None
+
+
+def test_show_prints_errors_that_are_not_json_as_one_block(
+    make_app: Callable[..., Flask], database_uri: str
+) -> None:
+    app = make_app()
+    with app.app_context():
+        job = sample_app.add.enqueue(1, 2)
+    engine = sa.create_engine(database_uri, poolclass=NullPool)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE sqlqueue_jobs SET errors = :e WHERE id = :id"),
+            {"e": "not json\nsecond line", "id": job.id},
+        )
+    engine.dispose()
+    result = cli(app, "show", str(job.id))
+    assert result.exit_code == 0, (result.output, result.exception)
+    tail = result.stdout[result.stdout.index("\nerrors") + 1 :].splitlines()
+    assert tail == [
+        "errors: unreadable (not a JSON list), as stored:",
+        "  not json",
+        "  second line",
+    ]
+
+
+def test_admin_pages_show_an_unreadable_row_and_the_others(spoiled: Spoiled) -> None:
+    app, ids, bad = spoiled
+    app.secret_key = "test secret"
+    app.register_blueprint(
+        sample_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q"
+    )
+    client = app.test_client()
+
+    def page(path: str) -> str:
+        response = client.get("/q" + path)
+        assert response.status_code == 200, (path, response.get_data(as_text=True)[-2000:])
+        return response.get_data(as_text=True)
+
+    for path in ("/jobs", "/jobs?status=pending", "/jobs?q=" + str(ids[1])):
+        body = page(path)
+        listed = [int(i) for i in re.findall(r'name="ids" value="(\d+)"', body)]
+        assert listed == (ids[::-1] if "q=" not in path else [ids[1]])
+        for job_id, (column, value) in bad.items():
+            if "q=" in path and job_id != ids[1]:
+                continue
+            row = body[body.index(f'name="ids" value="{job_id}"') :].split("</tr>")[0]
+            if column not in LISTED:
+                assert "unreadable" not in row, row
+                continue
+            assert "unreadable" in row and f"{column} holds &#39;{shown(value)}" in row, row
+    for job_id, (column, value) in bad.items():
+        body = page(f"/jobs/{job_id}")
+        assert f"unreadable: {column} holds &#39;{shown(value)}" in body
+        assert "tests.sample_app.add" in body
+    good = page(f"/jobs/{ids[0]}")
+    assert "unreadable" not in good and " UTC" in good
