@@ -22,6 +22,7 @@ Two sources, one registry:
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -106,13 +107,17 @@ class QueueCollector(Collector):
         )
         oldest = GaugeMetricFamily(
             "sqlqueue_oldest_eligible_age_seconds",
-            "How long the oldest eligible pending job has waited (0 when none waits).",
+            "How long the oldest eligible pending job has waited (0 when none waits, NaN "
+            "when its run_at holds what no timestamp can: a row edited by hand).",
             labels=["queue"],
         )
         for row in by_queue:
             for status in {*(s.value for s in JobStatus), *row.counts}:
                 counts.add_metric([row.queue, status], row.counts.get(status, 0))
             depth.add_metric([row.queue], int(eligible.get(row.queue, 0)))
+            if row.oldest_unreadable is not None:
+                oldest.add_metric([row.queue], math.nan)  # not 0: a job does wait
+                continue
             age = (
                 0.0 if row.oldest_eligible is None else (now - row.oldest_eligible).total_seconds()
             )

@@ -263,7 +263,7 @@ def _jobs(state: QueueState, condition: Any, limit: int | None = None) -> list[J
     if limit is not None:
         query = query.limit(limit)
     with state.store.read() as conn:
-        return state.store.jobs_from_rows(conn, conn.execute(query).all())
+        return state.store.read_jobs(conn, query)
 
 
 def _task_name(task: Task[Any, Any] | str) -> str:

@@ -8,6 +8,8 @@ shows it as unreadable, naming the column and what it holds, and every other row
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Callable
 
@@ -17,6 +19,7 @@ from click.testing import Result
 from flask import Flask
 from sqlalchemy.pool import NullPool
 
+from flask_sqlqueue.testing import enqueued
 from tests import sample_app
 
 #: Per backend, two values a hand edit can leave in a timestamp column.
@@ -173,3 +176,110 @@ def test_admin_pages_show_an_unreadable_row_and_the_others(spoiled: Spoiled) -> 
         assert "tests.sample_app.add" in body
     good = page(f"/jobs/{ids[0]}")
     assert "unreadable" not in good and " UTC" in good
+
+
+#: Per backend, a value a hand edit can leave in ``run_at`` that counts as due now: the
+#: oldest eligible job of its queue (SQLite compares the text, MariaDB's zero date and
+#: PostgreSQL's -infinity come before any time).
+DUE = {"sqlite": "1999 by hand", "mysql": "0000-00-00 00:00:00", "postgresql": "-infinity"}
+
+Due = tuple[Flask, int]
+
+
+@pytest.fixture
+def due_odd(make_app: Callable[..., Flask], database_uri: str, backend: str) -> Due:
+    """Queue "default": two pending jobs due now, the first with a run_at no datetime
+    holds; queue "reports": one pending job due now, as usual."""
+    app = make_app()
+    with app.app_context():
+        bad = sample_app.add.enqueue(1, 2).id
+        sample_app.add.enqueue(3, 4)
+        sample_app.report.enqueue(5)
+    spoil(database_uri, bad, "run_at", DUE[backend])
+    return app, bad
+
+
+def test_status_says_the_oldest_eligible_is_unreadable(due_odd: Due, backend: str) -> None:
+    app, _ = due_odd
+    result = cli(app, "status")
+    assert result.exit_code == 0, (result.output, result.exception)
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines()}
+    header = rows["queue"]
+    default = dict(zip(header, rows["default"], strict=False))
+    reports = dict(zip(header, rows["reports"], strict=False))
+    assert default["pending"] == "2" and reports["pending"] == "1"
+    assert rows["default"][-1] == "unreadable", result.stdout
+    assert rows["reports"][-1] not in ("unreadable", "-"), result.stdout
+    assert rows["total"][header.index("pending")] == "3"
+    assert "queue 'default'" in result.stderr, result.stderr
+    assert f"run_at holds '{shown(DUE[backend])}" in result.stderr, result.stderr
+    assert "queue 'reports'" not in result.stderr
+
+    result = cli(app, "status", "--json")
+    assert result.exit_code == 0, (result.output, result.exception)
+    queues = json.loads(result.stdout)["queues"]
+    assert queues["default"]["counts"] == {"pending": 2} and queues["default"]["eligible"] == 2
+    assert queues["default"]["oldest_eligible_seconds"] is None
+    assert queues["default"]["oldest_eligible_unreadable"].startswith(shown(DUE[backend]))
+    assert queues["reports"]["oldest_eligible_seconds"] >= 0
+    assert "oldest_eligible_unreadable" not in queues["reports"]
+
+
+def test_dashboard_says_the_oldest_eligible_is_unreadable(due_odd: Due, backend: str) -> None:
+    app, _ = due_odd
+    app.secret_key = "test secret"
+    app.register_blueprint(
+        sample_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q"
+    )
+    response = app.test_client().get("/q/")
+    body = response.get_data(as_text=True)
+    assert response.status_code == 200, body[-2000:]
+
+    def row(queue: str) -> str:
+        return body[body.index(f'<th scope="row"><a href="/q/jobs?queue={queue}">') :].split(
+            "</tr>"
+        )[0]
+
+    assert "unreadable" in row("default"), row("default")
+    assert f"run_at holds &#39;{shown(DUE[backend])}" in row("default"), row("default")
+    assert "unreadable" not in row("reports") and "<time" in row("reports"), row("reports")
+
+
+def test_metrics_give_no_number_for_an_unreadable_oldest_eligible(due_odd: Due) -> None:
+    from flask_sqlqueue.metrics import QueueMetrics
+
+    app, _ = due_odd
+    value = QueueMetrics(app).registry.get_sample_value
+    assert value("sqlqueue_jobs", {"queue": "default", "status": "pending"}) == 2
+    assert value("sqlqueue_queue_depth", {"queue": "default"}) == 2
+    age = value("sqlqueue_oldest_eligible_age_seconds", {"queue": "default"})
+    assert age is not None and math.isnan(age)
+    reports = value("sqlqueue_oldest_eligible_age_seconds", {"queue": "reports"})
+    assert reports is not None and reports >= 0
+
+
+def test_doctor_runs_with_an_unreadable_oldest_eligible(due_odd: Due) -> None:
+    app, _ = due_odd
+    result = cli(app, "doctor")
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "connected to" in result.stdout and "job(s) running" in result.stdout
+
+
+def test_batch_jobs_and_test_helpers_read_an_unreadable_row(
+    make_app: Callable[..., Flask], database_uri: str, backend: str
+) -> None:
+    app = make_app()
+    with app.app_context():
+        batch = sample_app.queue.batch([sample_app.add.step(1, n) for n in range(3)])
+        ids = [job.id for job in batch.jobs]
+    spoil(database_uri, ids[1], "created_at", ODD[backend][0])
+    with app.app_context():
+        found = sample_app.queue.get_batch(batch.id)
+        assert found is not None
+        members = found.jobs
+        helped = enqueued(sample_app.add)
+    for listed in (members, helped):
+        assert [job.id for job in listed] == ids
+        assert [list(job.unreadable) for job in listed] == [[], ["created_at"], []]
+        assert listed[1].created_at is None and listed[1].args == [1, 1]
+        assert listed[0].created_at is not None

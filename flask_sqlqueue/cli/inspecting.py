@@ -82,7 +82,7 @@ def status_command(as_json: bool) -> None:
         [
             row.queue,
             *(str(row.counts.get(s, 0)) for s in columns),
-            format_age(now - row.oldest_eligible) if row.oldest_eligible else "-",
+            _oldest_text(row, now),
         ]
         for row in rows
     ]
@@ -92,6 +92,14 @@ def status_command(as_json: bool) -> None:
         click.echo(
             f"warning: jobs with unknown status {status!r}; no worker touches them.", err=True
         )
+    for row in rows:
+        if row.oldest_unreadable is not None:  # edited by hand: `list` shows the job
+            click.echo(
+                f"warning: queue {row.queue!r}: oldest eligible job "
+                f"{unreadable_note({'run_at': row.oldest_unreadable})}; "
+                f"flask queue list --queue {row.queue} --status pending shows it.",
+                err=True,
+            )
     if ahead:
         click.echo(
             f"running: {ahead} of them claimed ahead by their workers and not started "
@@ -104,10 +112,19 @@ def status_command(as_json: bool) -> None:
     click.echo(f"retention: {retention.describe(policy)}")
 
 
+def _oldest_text(row: queries.QueueStatus, now: datetime) -> str:
+    """The "oldest eligible" cell of ``status``: the oldest job's wait, ``-`` if none
+    waits, ``unreadable`` if its ``run_at`` holds what no timestamp can (a warning
+    follows the table)."""
+    if row.oldest_unreadable is not None:
+        return "unreadable"
+    return format_age(now - row.oldest_eligible) if row.oldest_eligible else "-"
+
+
 def _status_json(
     rows: list[queries.QueueStatus], paused: Collection[str], now: datetime, workers: int
 ) -> dict[str, Any]:
-    queues = {
+    queues: dict[str, dict[str, Any]] = {
         row.queue: {
             "counts": row.counts,
             "eligible": row.eligible,
@@ -120,6 +137,9 @@ def _status_json(
         }
         for row in rows
     }
+    for row in rows:
+        if row.oldest_unreadable is not None:  # no wait to give: what run_at holds
+            queues[row.queue]["oldest_eligible_unreadable"] = row.oldest_unreadable
     for name in paused:  # a paused queue without jobs
         queues.setdefault(
             name, {"counts": {}, "eligible": 0, "oldest_eligible_seconds": None, "paused": True}

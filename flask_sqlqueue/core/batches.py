@@ -99,8 +99,7 @@ class Batch:
     def jobs(self) -> list[Job]:
         """Its member jobs as they are now, by id (callbacks not included)."""
         with self._store.read() as conn:
-            rows = conn.execute(self._members(sa.select(jobs)).order_by(jobs.c.id)).all()
-            return self._store.jobs_from_rows(conn, rows)
+            return self._store.read_jobs(conn, self._members(sa.select(jobs)).order_by(jobs.c.id))
 
     @property
     def on_success(self) -> Job | None:

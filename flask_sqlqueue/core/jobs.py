@@ -74,7 +74,8 @@ class Job:
     #: Why ``args``/``kwargs`` are empty, when the stored payload could not be decoded.
     payload_error: str | None = None
     #: The columns of a row edited by hand that hold what no timestamp can be, each
-    #: with the text it holds; those attributes are ``None`` (:func:`read_rows`).
+    #: with the text it holds, as ``{"run_at": "1999 by hand"}``; those attributes are
+    #: ``None`` (:func:`read_rows`, docs/inspecting.md). ``{}`` for any other row.
     unreadable: dict[str, str] = field(default_factory=dict)
     #: The batch it is a member or a callback of (docs/workflows.md), if any.
     batch_id: int | None = None
@@ -302,7 +303,7 @@ def _wait_options(timeout: object, poll_interval: object) -> tuple[float | None,
 #: ValueError), a zero date from MariaDB (text, which ``UTCDateTime`` fails on), a year
 #: past 9999 or infinity from PostgreSQL (the driver's DataError, raised for the rows
 #: fetched with it).
-_UNDECODABLE = (ValueError, TypeError, AttributeError, sa.exc.DataError)
+UNDECODABLE = (ValueError, TypeError, AttributeError, sa.exc.DataError)
 
 
 def read_rows(conn: Connection, query: sa.Select[Any]) -> Sequence[Any]:
@@ -316,14 +317,14 @@ def read_rows(conn: Connection, query: sa.Select[Any]) -> Sequence[Any]:
     """
     try:
         return conn.execute(query).all()
-    except _UNDECODABLE as exc:
+    except UNDECODABLE as exc:
         failure = exc
     found = []
     for job_id in conn.execute(query.with_only_columns(jobs.c.id)).scalars().all():
         one = query.where(jobs.c.id == job_id)
         try:
             row = conn.execute(one).first()
-        except _UNDECODABLE:
+        except UNDECODABLE:
             row = _unreadable_row(conn, one, failure)
         if row is not None:  # None: deleted meanwhile
             found.append(row)
@@ -344,7 +345,7 @@ def _unreadable_row(conn: Connection, one: sa.Select[Any], failure: Exception) -
         if column.key in stamps:
             try:
                 values[column.key] = conn.execute(one.with_only_columns(column)).scalar()
-            except _UNDECODABLE:
+            except UNDECODABLE:
                 unreadable[column.key], values[column.key] = values[column.key], None
     if not unreadable:
         raise failure

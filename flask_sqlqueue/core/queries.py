@@ -26,6 +26,7 @@ from .dependencies import Edges as Edges
 from .dependencies import job_edges as job_edges
 from .distinct import MAX_DISTINCT as MAX_DISTINCT
 from .distinct import distinct_values as distinct_values
+from .jobs import UNDECODABLE
 from .jobs import read_rows
 from .models import JobStatus
 from .models import effects
@@ -43,6 +44,22 @@ class QueueStatus:
     oldest_eligible: datetime | None
     #: Pending jobs due now: what workers could start at once.
     eligible: int = 0
+    #: What the oldest eligible job's ``run_at`` holds when no datetime can (a row
+    #: edited by hand); ``oldest_eligible`` is ``None`` then (:func:`_eligible`).
+    oldest_unreadable: str | None = None
+
+
+class _Due(NamedTuple):
+    """A queue's jobs due and waiting: the oldest one's ``run_at``, or what it holds if
+    no datetime can (``unreadable``; ``oldest`` is ``None`` then), and how many."""
+
+    oldest: datetime | None
+    unreadable: str | None
+    eligible: int
+
+
+#: A queue with no job due.
+_NONE_DUE = _Due(None, None, 0)
 
 
 def status(conn: Connection, now: datetime) -> list[QueueStatus]:
@@ -55,13 +72,9 @@ def status(conn: Connection, now: datetime) -> list[QueueStatus]:
         counts.setdefault(queue, {})[state] = n
     due = _eligible(conn, now)
     return [
-        QueueStatus(
-            queue,
-            counts[queue],
-            _aware(due[queue][0]) if queue in due else None,
-            due[queue][1] if queue in due else 0,
-        )
+        QueueStatus(queue, counts[queue], d.oldest, d.eligible, d.unreadable)
         for queue in sorted(counts)
+        for d in [due.get(queue, _NONE_DUE)]
     ]
 
 
@@ -552,6 +565,8 @@ class QueueCounts:
     counts: dict[str, int]
     capped: frozenset[str]
     oldest_eligible: datetime | None
+    #: As :attr:`QueueStatus.oldest_unreadable`.
+    oldest_unreadable: str | None = None
 
 
 def queue_counts(
@@ -583,24 +598,39 @@ def queue_counts(
             counts[queue][state] = int(n)
         if n >= caps[state]:
             capped[queue].add(state)
-    oldest = _oldest_eligible(conn, now)
-    return [QueueCounts(q, counts[q], frozenset(capped[q]), _aware(oldest.get(q))) for q in names]
+    due = _eligible(conn, now)
+    return [
+        QueueCounts(q, counts[q], frozenset(capped[q]), d.oldest, d.unreadable)
+        for q in names
+        for d in [due.get(q, _NONE_DUE)]
+    ]
 
 
-def _oldest_eligible(conn: Connection, now: datetime) -> dict[str, datetime]:
-    """Per queue, the ``run_at`` of its oldest job that is due and waiting (raw)."""
-    return {queue: oldest for queue, (oldest, _) in _eligible(conn, now).items()}
+def _eligible(conn: Connection, now: datetime) -> dict[str, _Due]:
+    """Per queue with jobs due and waiting, :class:`_Due`; one range of the claim index.
 
-
-def _eligible(conn: Connection, now: datetime) -> dict[str, tuple[datetime, int]]:
-    """Per queue with jobs due and waiting: the oldest one's ``run_at`` (raw), and how
-    many there are; one range of the claim index."""
-    rows = conn.execute(
-        sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at), sa.func.count())
-        .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
-        .group_by(jobs.c.queue)
-    )
-    return {queue: (oldest, int(n)) for queue, oldest, n in rows}
+    The one place the oldest ``run_at`` is read. A ``run_at`` edited by hand into what
+    no datetime holds but that sorts as due (SQLite text such as ``'1999 by hand'``, a
+    MariaDB zero date, PostgreSQL ``-infinity``) is the oldest of its queue and fails
+    the read: then each queue is read on its own, and that queue's comes back as its text
+    (as :func:`.jobs.read_rows` reads such a row), every other queue's as usual.
+    """
+    due = sa.and_(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)
+    oldest = sa.func.min(jobs.c.run_at)
+    query = sa.select(jobs.c.queue, oldest, sa.func.count()).where(due).group_by(jobs.c.queue)
+    try:
+        return {q: _Due(_aware(raw), None, int(n)) for q, raw, n in conn.execute(query)}
+    except UNDECODABLE:
+        pass  # a run_at edited by hand: each queue on its own
+    found = {}
+    as_text = query.with_only_columns(jobs.c.queue, sa.cast(oldest, sa.String), sa.func.count())
+    for q, text, n in conn.execute(as_text):
+        try:
+            one = conn.execute(sa.select(oldest).where(due, jobs.c.queue == q)).scalar()
+            found[q] = _Due(_aware(one), None, int(n))
+        except UNDECODABLE:
+            found[q] = _Due(None, str(text), int(n))
+    return found
 
 
 def cancel_requested_running(conn: Connection) -> list[int]:

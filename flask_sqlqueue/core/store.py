@@ -596,10 +596,12 @@ class Store:
         """The Job of a row read whole, with its payload if kept outside the row."""
         return Job.from_row(bigpayloads.full_row(conn, row), self)
 
-    def jobs_from_rows(self, conn: Connection, rows: Sequence[Any]) -> list[Job]:
-        """The Jobs of rows of ``sqlqueue_jobs`` read whole on ``conn``, their payloads
-        kept outside the rows read with them (one more SELECT, only if any is)."""
-        return [Job.from_row(row, self) for row in bigpayloads.full(conn, rows)]
+    def read_jobs(self, conn: Connection, query: sa.Select[Any]) -> list[Job]:
+        """The Jobs of ``query``, a SELECT of whole rows of ``sqlqueue_jobs``, on ``conn``
+        (:func:`.jobs.read_rows`: a row edited by hand comes back unreadable, not an
+        error), their payloads kept outside the rows read with them (one more SELECT,
+        only if any is)."""
+        return [Job.from_row(row, self) for row in bigpayloads.full(conn, read_rows(conn, query))]
 
     def caller_connection(self, target: Session | scoped_session[Any] | Connection) -> Connection:
         """The connection of a caller's ``session=``, checked to be on the queue's own
