@@ -28,6 +28,7 @@ from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
 from flask_sqlqueue.core.models import effects
+from flask_sqlqueue.core.models import workers
 from flask_sqlqueue.exceptions import ConfigurationError
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import crash_app
@@ -309,6 +310,54 @@ def test_a_quarantine_by_paused_workers_is_taken_back_when_they_return(
     assert (done.status, done.attempts, done.rescues, done.result) == ("completed", 3, 2, 3)
     assert [r["type"] for r in done.errors] == ["WorkerLost", "WorkerLost"]
     assert all(r["came_back"] for r in done.errors)
+
+
+def test_a_live_worker_whose_heartbeat_waits_is_not_rescued(
+    app: Flask, database_uri: str, tmp_path: Path
+) -> None:
+    """A worker whose heartbeat write waits behind another transaction (here one that
+    holds the database's write lock, or the worker's row) looks stale by its row, but
+    its beat file, stamped by a thread that never waits for the database, is fresh: a
+    rescuer of the same boot takes nothing. Once the worker is killed, the file goes
+    stale too and its job is rescued."""
+    store = crash_app.queue.state(app).store
+    assert store.beats is not None
+    path = tmp_path / "runs.txt"
+    job_id = enqueue(app, crash_app.naps, str(path), 3600.0)
+    worker = paused_worker(database_uri)
+    try:
+        wait_for(lambda: len(lines(path)) >= 1 or worker.poll() is not None, "the job to start")
+        assert worker.poll() is None, worker.communicate()[1]
+        with store.read() as conn:
+            (worker_id,) = conn.execute(
+                sa.select(workers.c.id).where(workers.c.pid == worker.pid)
+            ).scalars()
+        with store.write() as conn:
+            # SQLite: this transaction holds the one write lock; a server: the row.
+            conn.execute(
+                sa.select(workers.c.id).where(workers.c.id == worker_id).with_for_update()
+            ).all()
+            time.sleep(2.0)  # past the rescuer's 1 s, without a heartbeat of its row
+            stale = conn.execute(
+                sa.select(workers.c.id).where(sa.not_(store.heartbeat_fresh(1.0)))
+            ).scalars()
+            assert list(stale) == [worker_id]
+            assert store.rescue_in(conn, 1.0) == []
+        assert job(app, job_id).status == "running"
+
+        worker.send_signal(signal.SIGKILL)
+        worker.communicate(timeout=WAIT)
+        time.sleep(1.2)
+        rescued = store.rescue_stale(1.0)
+        assert [(i, status) for i, status, _ in rescued] == [(job_id, "pending")]
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+            worker.communicate(timeout=WAIT)
+    # The killed worker's file is swept once it is not a live worker's.
+    assert store.beats.path(worker_id).exists(), sorted(store.beats.folder.iterdir())
+    store.beats.prune(set(), older_than=0)
+    assert not store.beats.path(worker_id).exists()
 
 
 def test_a_task_that_raises_never_counts_a_crash(app: Flask) -> None:

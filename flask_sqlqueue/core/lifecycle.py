@@ -820,6 +820,13 @@ def heartbeat_marks(conn: Connection, boot_id: str | None) -> list[tuple[str, An
     return [(row.id, row.last_heartbeat_at) for row in rows]
 
 
+def live_worker_ids(conn: Connection) -> set[str]:
+    """The ids of the workers not marked stopped (nor lost)."""
+    return set(
+        conn.execute(sa.select(workers.c.id).where(workers.c.stopped_at.is_(None))).scalars()
+    )
+
+
 def unregister_worker(conn: Connection, worker_id: str, now: datetime) -> None:
     """Mark a worker stopped; its row stays a while so dashboards show it as gone."""
     conn.execute(
@@ -960,6 +967,7 @@ def rescue_stale(
     *,
     boot: BootCutoff | None = None,
     silent: Iterable[str] | None = None,
+    spared: Callable[[list[str]], set[str]] | None = None,
     max_crashes: int = default("SQLQUEUE_MAX_CRASHES"),
 ) -> list[tuple[int, str, str]]:
     """Take back running jobs whose worker stopped heartbeating before ``stale_before``.
@@ -967,6 +975,8 @@ def rescue_stale(
     With ``boot``, the workers of the rescuer's own boot are judged by their boot clock
     instead (core/liveness.py). With ``silent``, a worker judged by the queue's time is
     lost only if it is also among these ids: the ones the rescuer itself saw silent.
+    ``spared`` is given the ids of the workers found lost so far, and returns those
+    shown alive another way (their :class:`~.liveness.BeatFiles`): they are not lost.
 
     The lost attempt counts, and is a crash until its worker reports in again
     (:func:`worker_came_back`): a job whose crashes reach ``max_crashes`` is quarantined
@@ -978,6 +988,13 @@ def rescue_stale(
     if silent is not None:
         boot_id = None if boot is None else boot.boot_id
         keep = sa.or_(keep, sa.and_(elsewhere(boot_id), workers.c.id.not_in(sorted(silent))))
+    if spared is not None:
+        found = conn.execute(
+            sa.select(workers.c.id).where(workers.c.stopped_at.is_(None), sa.not_(keep))
+        )
+        alive = spared([row.id for row in found])
+        if alive:
+            keep = sa.or_(keep, workers.c.id.in_(sorted(alive)))
     live = sa.select(workers.c.id).where(workers.c.stopped_at.is_(None), keep)
     lost_now = sa.select(workers.c.id).where(workers.c.stopped_at.is_(None), sa.not_(keep))
     lost = conn.execute(

@@ -20,10 +20,17 @@ the two of them share:
   machine without a boot clock, where SQLite's queue time is the host's wall clock.
 
 ``flask queue rescue`` runs once and cannot watch: it judges by the clocks alone.
+
+A rescuer of the worker's own boot also reads the worker's :class:`BeatFiles`, stamped
+by a thread that never waits for the database: a worker whose heartbeat write waits
+behind a busy database is not lost while its file is fresh.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -144,3 +151,62 @@ class HeartbeatWatch:
         """The workers whose mark this watch has seen unchanged for ``seconds``."""
         now = steady() if now is None else now
         return frozenset(w for w, (_, since) in self._seen.items() if now - since >= seconds)
+
+
+class BeatFiles:
+    """Heartbeats that never wait for the database: a file per worker, in a folder of
+    the database's on this host (``core/wakeup.beats_dir``), holding its boot and a
+    boot-clock reading.
+
+    A worker's heartbeat is a write; on a busy database (SQLite's one writer lock under
+    a heavy load) it may wait behind the claims and outcomes of the very jobs it vouches
+    for, long enough to look stale. A thread of the worker's that does nothing else
+    also stamps its file; a rescuer of the same boot takes a worker whose row looks
+    stale for lost only if its file is stale too. A paused, killed or frozen worker
+    stamps nothing: the file changes none of those verdicts.
+    """
+
+    def __init__(self, folder: Path, boot: BootClock) -> None:
+        self.folder = folder
+        self.boot = boot
+
+    def path(self, worker_id: str) -> Path:
+        return self.folder / ("beat-" + re.sub(r"[^A-Za-z0-9._-]", "_", worker_id))
+
+    def beat(self, worker_id: str) -> None:
+        """Stamp ``worker_id``'s file now (a whole new file: a reader never sees half)."""
+        path = self.path(worker_id)
+        self.folder.parent.mkdir(mode=0o700, exist_ok=True)
+        self.folder.mkdir(mode=0o700, exist_ok=True)
+        scratch = path.with_name(path.name + ".new")
+        scratch.write_text(f"{self.boot.id} {self.boot.now_us()}\n")
+        os.replace(scratch, path)
+
+    def fresh(self, worker_ids: Iterable[str], stale_after: float) -> set[str]:
+        """Those of ``worker_ids`` whose file was stamped on this boot within
+        ``stale_after`` seconds."""
+        before = self.boot.cutoff(stale_after).before_us
+        found = set()
+        for worker_id in worker_ids:
+            try:
+                boot_id, reading = self.path(worker_id).read_text().split()
+                if boot_id == self.boot.id and int(reading) >= before:
+                    found.add(worker_id)
+            except (OSError, ValueError):
+                continue  # none, or not one of ours: the row alone decides
+        return found
+
+    def remove(self, worker_id: str) -> None:
+        with contextlib.suppress(OSError):
+            self.path(worker_id).unlink()
+
+    def prune(self, live: Iterable[str], older_than: float = 60.0) -> None:
+        """Remove the files of workers not among ``live`` (gone, or declared lost: one
+        that comes back beats under a new id) untouched for ``older_than`` seconds."""
+        keep = {self.path(worker_id).name for worker_id in live}
+        cutoff = time.time() - older_than
+        with contextlib.suppress(OSError):
+            for path in self.folder.glob("beat-*"):
+                with contextlib.suppress(OSError):
+                    if path.name not in keep and path.stat().st_mtime < cutoff:
+                        path.unlink()

@@ -52,6 +52,7 @@ from .jobs import Job
 from .jobs import read_rows
 from .lifecycle import Backoff
 from .lifecycle import cut_text
+from .liveness import BeatFiles
 from .liveness import BootClock
 from .liveness import HeartbeatWatch
 from .liveness import heartbeat_fresh
@@ -149,6 +150,11 @@ class Store:
         self._clock_synced_at = -math.inf
         #: This machine's boot clock, stamped on heartbeats (core/liveness.py).
         self.boot: BootClock | None = BootClock.detect()
+        #: The workers' heartbeats that never wait for the database, where this host
+        #: has a folder for the database and a boot clock (core/liveness.py).
+        self.beats: BeatFiles | None = None
+        if self.boot is not None and not self.in_memory:
+            self.beats = BeatFiles(wakeup.beats_dir(self.identity), self.boot)
         _stores.add(self)
         self.backoff = Backoff(settings.backoff_base, settings.backoff_cap, settings.backoff_jitter)
         #: The sender of the queue's signals: the Flask app (set by the extension).
@@ -722,25 +728,9 @@ class Store:
         runnable does (``core/operations.py``); those it ends wake their waiters.
         """
         now = self.now() if now is None else now
-        stale_before = now - timedelta(seconds=stale_after)
-        boot = None if self.boot is None else self.boot.cutoff(stale_after)
 
         def take(conn: Connection) -> list[tuple[int, str, str]]:
-            silent = None
-            if watch is not None:
-                watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
-                silent = watch.silent(stale_after)
-            rescued = lifecycle.rescue_stale(
-                conn,
-                stale_before,
-                now,
-                boot=boot,
-                silent=silent,
-                max_crashes=self.settings.max_crashes,
-            )
-            if any(status == lifecycle.PENDING for _, status, _ in rescued):
-                self.ops.notify(conn)
-            return rescued
+            return self.rescue_in(conn, stale_after, now=now, watch=watch)
 
         def ended(rescued: list[tuple[int, str, str]]) -> list[int]:
             return [job_id for job_id, status, _ in rescued if status != lifecycle.PENDING]
@@ -748,6 +738,35 @@ class Store:
         rescued: list[tuple[int, str, str]] = self.run_finishing(take, ended, within=within)
         if any(status == lifecycle.PENDING for _, status, _ in rescued):
             self.wake()
+        return rescued
+
+    def rescue_in(
+        self,
+        conn: Connection,
+        stale_after: float,
+        *,
+        now: datetime | None = None,
+        watch: HeartbeatWatch | None = None,
+    ) -> list[tuple[int, str, str]]:
+        """:meth:`rescue_stale` in the write transaction ``conn``, tried once."""
+        now = self.now() if now is None else now
+        boot = None if self.boot is None else self.boot.cutoff(stale_after)
+        beats = self.beats
+        silent = None
+        if watch is not None:
+            watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
+            silent = watch.silent(stale_after)
+        rescued = lifecycle.rescue_stale(
+            conn,
+            now - timedelta(seconds=stale_after),
+            now,
+            boot=boot,
+            silent=silent,
+            spared=None if beats is None else lambda ids: beats.fresh(ids, stale_after),
+            max_crashes=self.settings.max_crashes,
+        )
+        if any(status == lifecycle.PENDING for _, status, _ in rescued):
+            self.ops.notify(conn)
         return rescued
 
     def heartbeat_fresh(

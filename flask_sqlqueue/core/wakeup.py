@@ -59,6 +59,14 @@ def waiters_dir(folder: Path | None) -> Path | None:
     return None if folder is None else folder.with_name(f"{folder.name}-w")
 
 
+def beats_dir(database: str) -> Path:
+    """The folder of the workers' beat files (core/liveness.py) for a database
+    (``database`` names it, as for :func:`wake_dir`); not a wake-up folder, where every
+    name is taken for a socket."""
+    digest = hashlib.sha256(database.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"sqlqueue-{os.getuid()}" / f"{digest}-b"
+
+
 def broadcast(folder: Path | None) -> None:
     """Wake every worker listening on this database."""
     _send(folder, _sockets(folder), [b"!"])

@@ -36,6 +36,7 @@ from .. import lifecycle
 from .. import queries
 from .. import retention
 from .. import signals
+from ..liveness import BeatFiles
 from ..liveness import HeartbeatWatch
 from ..tasks import Task
 from .options import WorkerOptions
@@ -67,6 +68,10 @@ class Health:
     live: bool
     ready: bool
     reason: str = ""
+
+
+#: Seconds between two sweeps of the beat files of workers that are gone.
+BEAT_PRUNE_INTERVAL = 600.0
 
 
 def new_worker_id() -> str:
@@ -141,6 +146,8 @@ class Upkeep:
         self._db_error_logged = 0.0
         self._exited = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beat_thread: threading.Thread | None = None
+        self._next_beat_prune = 0.0
 
     # -- the worker's row ---------------------------------------------------------------------
 
@@ -174,6 +181,7 @@ class Upkeep:
             except sa.exc.SQLAlchemyError:
                 log.warning("worker %s could not remove its row; it will expire", self.id)
             self.registered = False
+            self._forget_beats(self.id)
 
     def health(self, *, running: bool, stopping: bool) -> Health:
         """The worker's :class:`Health` now; ``running`` and ``stopping`` are the worker's."""
@@ -220,12 +228,35 @@ class Upkeep:
             target=self._heartbeat_loop, name="sqlqueue-heartbeat", daemon=True
         )
         self._thread.start()
+        if self._store.beats is not None:
+            self._beat_thread = threading.Thread(
+                target=self._beat_loop, args=(self._store.beats,), name="sqlqueue-beat", daemon=True
+            )
+            self._beat_thread.start()
 
     def stop(self) -> None:
         self._exited.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self._beat_thread is not None:
+            self._beat_thread.join(timeout=5)
+            self._beat_thread = None
+
+    def _beat_loop(self, beats: BeatFiles) -> None:
+        # The heartbeat's twin that never waits for the database (core/liveness.py): a
+        # rescuer of this boot does not take a worker whose file is fresh for lost.
+        failed = False
+        while True:
+            try:
+                beats.beat(self.id)
+                failed = False
+            except OSError as exc:
+                if not failed:  # once per outage: the database heartbeat still counts
+                    log.warning("worker %s cannot stamp %s: %s", self.id, beats.folder, exc)
+                failed = True
+            if self._exited.wait(self._options.heartbeat_interval):
+                return
 
     def _heartbeat_loop(self) -> None:
         interval = self._options.heartbeat_interval
@@ -252,6 +283,7 @@ class Upkeep:
                     old = self.id
                     self._came_back(old, self._slots.since_beat())
                     self.id = new_worker_id()
+                    self._forget_beats(old)
                     self.registered = False
                     self.register()
                     log.error("worker %s was declared dead; continuing as %s", old, self.id)
@@ -276,11 +308,18 @@ class Upkeep:
             else:
                 self._watch_heartbeats()
             self._prune_if_due()
+            if now >= self._next_beat_prune:
+                self._next_beat_prune = now + BEAT_PRUNE_INTERVAL
+                self._prune_beats()
             if now >= self._next_coverage:
                 self.warn_unserved()
             if now >= self._next_expiry:
                 self.expire_unserved()
             self.last_round = time.monotonic()
+
+    def _forget_beats(self, worker_id: str) -> None:
+        if self._store.beats is not None:
+            self._store.beats.remove(worker_id)
 
     def _came_back(self, old_id: str, held: list[int]) -> None:
         taken = self._store.run_write(
@@ -368,6 +407,18 @@ class Upkeep:
         return retention.prune(
             lambda fn: self._store.run_write(fn, within=within), self._retention, self._clock()
         )
+
+    def _prune_beats(self) -> None:
+        beats = self._store.beats
+        if beats is None:
+            return
+        try:
+            with self._store.read() as conn:
+                live = lifecycle.live_worker_ids(conn)
+        except sa.exc.SQLAlchemyError as exc:
+            self.log_db_error("beat files", exc)
+            return
+        beats.prune(live)
 
     def _prune_if_due(self) -> None:
         if not self._retention.prunes_anything or time.monotonic() < self._next_prune:
