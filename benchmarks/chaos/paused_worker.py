@@ -80,8 +80,8 @@ def paused_worker(
         )
         result.add("paused worker's late run finished (done line)", "yes" if late else "no")
         result.add(
-            "after SIGCONT: status / attempts / rescues / result",
-            f"{row.status} / {row.attempts} / {row.rescues} / {job_result(row)}",
+            "after SIGCONT: status / attempts / rescues / crashes / result",
+            f"{row.status} / {row.attempts} / {row.rescues} / {row.crashes} / {job_result(row)}",
         )
         fenced_line = "lost its claim" in text
         result.add("paused worker logged 'lost its claim'", "yes" if fenced_line else "no")
@@ -102,6 +102,11 @@ def paused_worker(
             row.status == "completed" and row.attempts == 2 and row.rescues == 1,
             f"job row after SIGCONT is {row.status}, attempts {row.attempts}, rescues "
             f"{row.rescues}; expected completed, 2, 1",
+        )
+        result.check(
+            row.crashes == 0,
+            f"the paused worker reported in again, yet its rescue counts as a crash: crashes "
+            f"{row.crashes}",
         )
         result.check(
             job_result(row) == expected,
