@@ -156,28 +156,49 @@ RESCUE_LINE = re.compile(
 )
 
 
-def rescue_delays(procs: Sequence[Proc]) -> list[float]:
-    """From each harness SIGKILL (or crash) of a worker to the rescue of each of its jobs,
-    as logged by the rescuing worker ("job=N rescued from lost worker ID")."""
+def _rescues(procs: Sequence[Proc]) -> list[tuple[float, str, Proc | None]]:
+    """Each rescue a worker logged ("job=N rescued from lost worker ID"): when, the job,
+    and the worker process it names (the newest of that pid spawned by then), if any."""
     by_pid: dict[int, list[Proc]] = collections.defaultdict(list)
     for proc in procs:
         if proc.role == "worker":
             by_pid[proc.pid].append(proc)
-    delays = []
+    found = []
     for proc in procs:
-        for stamp, _job, worker, _status in RESCUE_LINE.findall(proc.text()):
+        for stamp, job, worker, _status in RESCUE_LINE.findall(proc.text()):
             at = (
                 time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
             )
             pid = worker_pid(worker)
             lost = [p for p in by_pid.get(pid or -1, []) if p.spawned <= at]
-            if not lost:
-                continue
-            victim = max(lost, key=lambda p: p.spawned)
-            died = victim.killed_at if victim.killed_at is not None else victim.ended
-            if died is not None and died <= at:
-                delays.append(at - died)
+            found.append((at, job, max(lost, key=lambda p: p.spawned) if lost else None))
+    return found
+
+
+def _died(proc: Proc) -> float | None:
+    return proc.killed_at if proc.killed_at is not None else proc.ended
+
+
+def rescue_delays(procs: Sequence[Proc]) -> list[float]:
+    """From each harness SIGKILL (or crash) of a worker to the rescue of each of its jobs,
+    as logged by the rescuing worker ("job=N rescued from lost worker ID")."""
+    delays = []
+    for at, _job, victim in _rescues(procs):
+        died = None if victim is None else _died(victim)
+        if died is not None and died <= at:
+            delays.append(at - died)
     return delays
+
+
+def false_rescues(procs: Sequence[Proc]) -> list[str]:
+    """The rescues of a job from a worker process that was alive then: neither killed
+    nor exited before the rescue (``job N from pid P``)."""
+    alive = []
+    for at, job, victim in _rescues(procs):
+        died = None if victim is None else _died(victim)
+        if victim is not None and (died is None or died > at):
+            alive.append(f"job {job} from pid {victim.pid}")
+    return alive
 
 
 def _explain(

@@ -12,6 +12,7 @@ from benchmarks.chaos.analysis import analyze_runs
 from benchmarks.chaos.analysis import check_completed
 from benchmarks.chaos.analysis import check_logs
 from benchmarks.chaos.analysis import explain_figures
+from benchmarks.chaos.analysis import false_rescues
 from benchmarks.chaos.analysis import rescue_delays
 from benchmarks.chaos.harness import ChaosError
 from benchmarks.chaos.harness import Harness
@@ -159,6 +160,16 @@ def kill_storm(
             check_graph(result, rows, marks, ids, edges)
         explain_figures(result, runs)
         result.add("rescues recorded (sum of rescues)", sum(r.rescues for r in rows))
+        result.add("crashes counted (sum of crashes)", sum(r.crashes for r in rows))
+        alive = false_rescues(h.procs)
+        result.add("rescues from a worker that was alive then", len(alive))
+        result.check(not alive, f"{len(alive)} rescue(s) of a live worker's jobs: {alive[:5]}")
+        quarantined = [
+            r.id
+            for r in rows
+            if r.status == "dead" and r.last_error and r.last_error.startswith("Quarantined")
+        ]
+        result.add("jobs quarantined", len(quarantined))
         result.add(
             "rescue latency p50 / p95 / max: kill -> job rescued (pending again)",
             seconds_text(rescue_delays(h.procs)),
