@@ -5,16 +5,23 @@ Real worker processes on the sample app, their standard error read back.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import math
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import UTC
+from datetime import datetime
 from typing import Any
 
 from flask import Flask
 
+from flask_sqlqueue.core import logcontext
 from flask_sqlqueue.core.logcontext import JsonFormatter
 from tests import sample_app
 from tests.conftest import ROOT
@@ -68,6 +75,106 @@ def test_an_attempt_writes_one_line_at_info_and_its_start_at_debug(
     about = [line for line in result.stderr.splitlines() if f"job={debugged} " in line]
     assert [": started" in line for line in about] == [True, False], result.stderr
     assert "failed, job is dead" in about[1]
+
+
+def test_every_job_of_a_drain_has_its_line_with_its_id_task_attempt_and_duration(
+    make_app: Any, database_uri: str
+) -> None:
+    """The lines of the completions recorded together are written together: each one is
+    still there, whole, once, as it always read, between the start and the stop lines."""
+    app = make_app()
+    with app.app_context():
+        ids = {job.id for job in sample_app.add.enqueue_many([((i, 1), {}) for i in range(60)])}
+    result = run_flask(database_uri, "queue", "work", "--burst")
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    completed = re.compile(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO flask_sqlqueue\.worker: "
+        r"job=(\d+) task=tests\.sample_app\.add attempt=1/5: completed in \d+\.\d{3}s"
+    )
+    logged = [int(m[1]) for m in map(completed.fullmatch, lines) if m is not None]
+    assert sorted(logged) == sorted(ids), result.stderr
+    assert " started: " in lines[0] and lines[-1].endswith(
+        "stopped: no job is eligible (--burst); 0 job(s) handed back to pending"
+    )
+    assert len(lines) == len(ids) + 2, result.stderr
+
+
+def _held_logger(name: str) -> tuple[logging.Logger, io.StringIO, io.StringIO]:
+    """A logger of its own with a :class:`LineHandler` and a plain handler, each on a
+    stream of its own."""
+    logger = logging.getLogger(name)
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    held, plain = io.StringIO(), io.StringIO()
+    handler = logcontext.LineHandler()
+    handler.setStream(held)
+    handler.setFormatter(logging.Formatter("%(threadName)s %(message)s"))
+    other = logging.StreamHandler(plain)
+    other.setFormatter(logging.Formatter("%(message)s"))
+    logger.handlers = [handler, other]
+    return logger, held, plain
+
+
+def test_lines_together_reach_the_stream_as_the_block_ends_in_order() -> None:
+    logger, held, plain = _held_logger("tests.lines_together")
+    with logcontext.lines_together():
+        for n in range(3):
+            logger.info("line %d", n)
+        # Not yet on the held stream; another handler has them as they are logged.
+        assert held.getvalue() == "" and plain.getvalue() == "line 0\nline 1\nline 2\n"
+        other = threading.Thread(target=logger.info, args=("elsewhere",), name="other")
+        other.start()
+        other.join()
+        assert held.getvalue() == "other elsewhere\n"  # another thread's is not held
+        with logcontext.lines_together():  # nested: the outer block still holds
+            logger.info("line 3")
+        assert held.getvalue() == "other elsewhere\n"
+    me = threading.current_thread().name
+    assert held.getvalue() == "other elsewhere\n" + "".join(f"{me} line {n}\n" for n in range(4))
+    logger.info("after")
+    assert held.getvalue().endswith(f"{me} after\n")
+
+
+def test_lines_held_at_shutdown_are_written() -> None:
+    logger, held, _ = _held_logger("tests.lines_at_shutdown")
+    with logcontext.lines_together():
+        logger.info("kept")
+        logger.handlers[0].close()  # as logging.shutdown does, at exit
+        assert held.getvalue().endswith(" kept\n")
+    assert held.getvalue().count("kept") == 1
+
+
+def test_held_lines_are_written_in_pieces_a_pipe_takes_whole() -> None:
+    lines = [f"job={n} task=app.t attempt=1/5: completed in 0.001s\n" for n in range(300)]
+    lines[10] = "job=10 task=app.été attempt=1/5: completed in 0.001s \udcff\n"
+    lines[20] = "x" * (3 * logcontext.ATOMIC_WRITE) + "\n"
+    pieces = list(logcontext.pieces(lines))
+    assert "".join(pieces) == "".join(lines)
+    assert len(pieces) < len(lines) / 20  # far fewer writes than lines
+    for piece in pieces:
+        assert piece.endswith("\n")
+        size = len(piece.encode("utf-8", "backslashreplace"))
+        assert size <= logcontext.ATOMIC_WRITE or piece == lines[20]
+
+
+def test_the_formatters_write_the_times_logging_and_datetime_write() -> None:
+    """Made once a second, the times are still those of logging.Formatter (text) and
+    of datetime, rounded as it rounds (JSON), at every edge of a second."""
+    text, plain, json_lines = (
+        logcontext.TextFormatter(logcontext.TEXT_FORMAT),
+        logging.Formatter(logcontext.TEXT_FORMAT),
+        JsonFormatter(),
+    )
+    second = math.floor(time.time())
+    fractions = (0.0, 0.0005, 0.4999, 0.5, 0.9994999, 0.9995, 0.999999, 0.9999995, 0.9999996)
+    for created in [second + k + f for k in (0, 1, 86_400) for f in fractions]:
+        record = logging.makeLogRecord({"created": created})
+        record.msecs = int((created - int(created)) * 1000) + 0.0  # as LogRecord sets it
+        assert text.formatTime(record) == plain.formatTime(record), created
+        expected = datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+        assert json_lines.utc_time(created) == expected, created
+        assert json.loads(json_lines.format(record))["time"] == expected
 
 
 def test_log_level_leaves_out_the_lines_below_it(make_app: Any, database_uri: str) -> None:

@@ -37,6 +37,7 @@ from ...exceptions import ResultTooLarge
 from ...exceptions import Retry
 from ...exceptions import Snooze
 from .. import lifecycle
+from .. import logcontext
 from .. import signals
 from ..isolation import AttemptFailed
 from ..models import JobStatus
@@ -283,11 +284,17 @@ class Outcomes:
         """Log and signal the successes of ``batch`` recorded completed (ids in ``done``),
         and tell this host's waiters (the completing statement told the others)."""
         self._store.finished(done)
+        # The lines first, written together (a write per few dozen lines, not one a
+        # job); then the signals, whose receivers are the app's: no line waits for them.
+        with logcontext.lines_together():
+            for s in batch:
+                if s.attempt.job.id in done:
+                    self._log_success(s)
+                else:
+                    _log_claim_lost(s.attempt)
         for s in batch:
             if s.attempt.job.id in done:
-                self._succeeded(s)
-            else:
-                _log_claim_lost(s.attempt)
+                self._emit_success(s)
 
     def record_batch(self, batch: list[Success]) -> None:
         """Record successful outcomes in one transaction of their own, each fenced by its
@@ -353,13 +360,21 @@ class Outcomes:
         return _Write(attempt, write, lambda _: self._succeeded(success), refused)
 
     def _succeeded(self, success: Success) -> None:
-        attempt = success.attempt
+        self._log_success(success)
+        self._emit_success(success)
+
+    def _log_success(self, success: Success) -> None:
         if log.isEnabledFor(logging.INFO):
+            attempt = success.attempt
             extra = attempt.extra
             extra["sqlqueue_outcome"] = "completed"
             extra["sqlqueue_duration"] = round(success.elapsed, 6)
             log.info("%s: completed in %.3fs", attempt.label, success.elapsed, extra=extra)
-        self._emit(signals.job_succeeded, attempt, result=success.value, duration=success.elapsed)
+
+    def _emit_success(self, success: Success) -> None:
+        self._emit(
+            signals.job_succeeded, success.attempt, result=success.value, duration=success.elapsed
+        )
 
     # -- failures and cancellations ------------------------------------------------------------
 
