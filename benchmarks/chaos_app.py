@@ -10,7 +10,9 @@ variables so the harness can start workers, producers and ``flask queue status``
   the matching ``SQLQUEUE_*`` settings (backoff jitter is always 0).
 - ``CHAOS_BROKEN``: switch on a deliberately broken behaviour *in this process only*, to
   show that the suite's checks catch it. ``unfenced``: completions ignore the claim token.
-  This hook lives here and nowhere in ``flask_sqlqueue``.
+  ``spending-release``: a job handed back at a graceful stop keeps the attempt it was
+  claimed with (a hand-back that spends an attempt). This hook lives here and nowhere in
+  ``flask_sqlqueue``.
 
 Poison pills (each ``max_attempts=3``): ``chaos.poison_exit`` calls ``os._exit(1)``,
 ``chaos.poison_kill`` SIGKILLs its own worker, ``chaos.poison_memory`` lowers the
@@ -172,8 +174,22 @@ def _install_broken(mode: str) -> None:
 
         lifecycle.complete = unfenced_complete
         lifecycle.complete_many = unfenced_complete_many
+    elif mode == "spending-release":
+        release = lifecycle.release
+
+        def spending_release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
+            released = release(conn, job_id, token, now)
+            if released:  # the bug: the attempt given back is taken again
+                conn.execute(
+                    sa.update(jobs).where(jobs.c.id == job_id).values(attempts=jobs.c.attempts + 1)
+                )
+            return released
+
+        lifecycle.release = spending_release
     else:
-        raise click.UsageError(f"CHAOS_BROKEN={mode!r} is not a known broken mode (unfenced).")
+        raise click.UsageError(
+            f"CHAOS_BROKEN={mode!r} is not a known broken mode (unfenced, spending-release)."
+        )
 
 
 def create_app(config: dict[str, Any] | None = None) -> Flask:

@@ -7,14 +7,20 @@ figures it measured and the violations it found; a test passes when there are no
 The checks are shown to be able to fail: ``test_unfenced_completion_is_caught`` runs the
 paused-worker scenario against workers deliberately broken (``CHAOS_BROKEN=unfenced``:
 their completions ignore the claim token, switched on inside the worker processes by
-``benchmarks/chaos_app.py``), and the tests at the end feed the analysis the evidence of
-a lost job, an unexplained duplicate, a double claim, a stale completion and a locked
-database.
+``benchmarks/chaos_app.py``), ``test_a_broken_graceful_stop_is_caught`` runs the SIGTERM
+storm against workers that overstay their grace or spend an attempt on a hand-back, and
+the tests at the end feed the analysis the evidence of a lost job, an unexplained
+duplicate, a double claim, a stale completion and a locked database.
+
+The SIGTERM storm also runs on PostgreSQL and MariaDB when ``SQLQUEUE_TEST_POSTGRES_URL``
+/ ``SQLQUEUE_TEST_MYSQL_URL`` are set (as the kill storm over a graph does, in
+``tests/test_dependencies.py``); the other scenarios run on SQLite.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +44,7 @@ from benchmarks.chaos.outage import outage
 from benchmarks.chaos.paused_worker import paused_worker
 from benchmarks.chaos.poison_pills import poison_pills
 from benchmarks.chaos.sigterm import sigterm
+from tests.conftest import SERVER_URL_VARS
 from tests.waiting import scaled
 
 SQLITE = "sqlite:///"  # each scenario makes a fresh file in its work directory
@@ -64,6 +71,62 @@ def test_kill_storm_loses_nothing_and_explains_every_duplicate(tmp_path: Path) -
     assert passed(result), result.violations
     assert int(figure(result, "runs interrupted by a kill")) > 0, "the storm hit no running job"
     assert figure(result, "jobs lost (not completed)") == "0"
+
+
+def _base_urls() -> list[Any]:
+    params = [pytest.param(SQLITE, id="sqlite")]
+    for kind, var in SERVER_URL_VARS.items():
+        url = os.environ.get(var)
+        marks = [] if url else [pytest.mark.skip(f"set {var} to run against {kind}")]
+        params.append(pytest.param(url or "", id=kind, marks=marks))
+    return params
+
+
+def _term_storm(base_url: str, tmp_path: Path, **options: Any) -> ScenarioResult:
+    """A toy SIGTERM storm: 80 jobs, an eighth of them 2.5-4 s long, --grace 1 s, a started
+    worker SIGTERMed (and replaced) every 0.5 s for 4 s. A long job SIGTERMed early enough
+    (within its first 0.5-2 s) outlasts the grace and the slack for noticing the signal."""
+    return kill_storm(
+        base_url, tmp_path, jobs=80, job_ms=(10, 50), long_share=0.12, long_s=(2.5, 4.0),
+        duration=4, kill_every=0.5, workers=3, signal_name="term", grace=1.0, **options,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base_url", _base_urls())
+def test_sigterm_storm_stops_within_grace_and_loses_no_success(
+    base_url: str, tmp_path: Path
+) -> None:
+    result = _term_storm(base_url, tmp_path, slack=scaled(3.0) - 2.0)
+    assert passed(result), result.violations
+    # Stops landed on running long jobs, which were handed back and ran again.
+    assert int(figure(result, "runs handed back unfinished at a stop (logged)")) > 0
+    assert int(figure(result, "re-runs explained by a hand-back")) > 0
+    assert figure(result, "stops over --grace + 5 s") == "0"
+    assert figure(result, "jobs whose attempts != runs - runs handed back (i.e. != 1)") == "0"
+    assert figure(result, "successes lost: runs done before their worker's SIGTERM, not "
+                  "the run recorded").startswith("0 of ")  # fmt: skip
+    assert figure(result, "rescues recorded (sum of rescues)") == "0"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("broken", "caught"),
+    [
+        # Workers given --grace 60 while the checks hold them to 1 s: they let every long
+        # job finish (within the stop bound), and hand none back.
+        ({"worker_grace": 60.0}, "kept past the grace"),
+        ({"broken": "spending-release"}, "hand-backs spent an attempt"),
+    ],
+    ids=["overstaying", "spending-release"],
+)
+def test_a_broken_graceful_stop_is_caught(
+    broken: dict[str, Any], caught: str, tmp_path: Path
+) -> None:
+    # No slack: an overstaying worker finishes its jobs later still on a busy machine.
+    result = _term_storm(SQLITE, tmp_path, **broken)
+    assert not passed(result)
+    assert any(caught in v for v in result.violations), result.violations
 
 
 @pytest.mark.slow

@@ -78,6 +78,9 @@ def run(name: str, args: argparse.Namespace, workdir: Path) -> ScenarioResult:
             stale_after=args.stale_after,
             seed=args.seed,
             graph=args.graph,
+            signal_name=args.signal,
+            grace=args.grace,
+            long_share=args.long_share,
         )
     if name == "paused":
         return paused_worker(url, workdir, stale_after=args.stale_after)
@@ -146,8 +149,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--kill-target",
         choices=["any", "ready"],
-        default="any",
-        help="kill-storm victims: any worker process, or only workers that have started",
+        help="kill-storm victims: any worker process (the default with --signal kill), or "
+        "only workers that have started (the default, and the only choice, with --signal term)",
+    )
+    parser.add_argument(
+        "--signal",
+        choices=["kill", "term"],
+        default="kill",
+        help="kill-storm signal: SIGKILL and restart (kill), or a SIGTERM storm (term): a "
+        "graceful stop, a replacement spawned at once; adds jobs longer than --grace",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=2.0,
+        help="kill-storm workers' --grace (s); each SIGTERMed worker must exit within it + 5 s",
+    )
+    parser.add_argument(
+        "--long-share",
+        type=float,
+        metavar="SHARE",
+        help="kill-storm: share of the jobs lasting 1.5-3 x --grace (default 0.05 with "
+        "--signal term, else 0)",
     )
     parser.add_argument(
         "--graph",
@@ -168,6 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if backend_of(args.database_url) not in ("sqlite", "postgresql", "mysql"):
         parser.error("--database-url must be sqlite, postgresql or mysql/mariadb")
+    if args.signal == "term" and args.kill_target == "any":
+        parser.error("--signal term stops only workers that have started (--kill-target ready)")
+    if args.long_share is not None and not 0 <= args.long_share <= 1:
+        parser.error("--long-share must be within 0-1")
 
     keep = args.workdir is not None
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sqlqueue-chaos-"))

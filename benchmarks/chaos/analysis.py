@@ -13,6 +13,7 @@ from typing import Any
 
 from benchmarks.chaos.harness import DONE_BEFORE_KILL
 from benchmarks.chaos.harness import FENCED
+from benchmarks.chaos.harness import HANDED_BACK
 from benchmarks.chaos.harness import LOCKED
 from benchmarks.chaos.harness import POOL_RESET
 from benchmarks.chaos.harness import RELEASED
@@ -199,6 +200,135 @@ def false_rescues(procs: Sequence[Proc]) -> list[str]:
         if victim is not None and (died is None or died > at):
             alive.append(f"job {job} from pid {victim.pid}")
     return alive
+
+
+def rescues_logged(procs: Sequence[Proc]) -> int:
+    """How many rescues the workers logged ("job=N rescued from lost worker ID")."""
+    return len(_rescues(procs))
+
+
+# -- graceful stops (the SIGTERM storm) ---------------------------------------------------------
+
+
+def hand_backs_logged(procs: Sequence[Proc]) -> tuple[int, int]:
+    """The hand-backs the workers logged: runs released unfinished at shutdown ("job=N
+    released unfinished at shutdown", one line each) and jobs claimed ahead and handed
+    back before they started ("handed back N job(s) claimed ahead and not started")."""
+    unfinished = ahead = 0
+    for proc in procs:
+        text = proc.text()
+        unfinished += len(RELEASED.findall(text))
+        ahead += sum(int(n) for n in HANDED_BACK.findall(text))
+    return unfinished, ahead
+
+
+def attempts_mismatch(
+    rows: Sequence[Any], marks: Sequence[Mark], procs: Sequence[Proc], job_ids: Sequence[int]
+) -> list[str]:
+    """The jobs whose ``attempts`` is not their runs (start lines) minus their runs handed
+    back unfinished (logged by the releasing worker), or whose ``releases`` is below the
+    latter: a hand-back that spent an attempt, or was not counted. Holds when no job was
+    killed or rescued (the SIGTERM storm); a kill or a rescue spends an attempt."""
+    wanted = set(job_ids)
+    starts: dict[int, list[Mark]] = collections.defaultdict(list)
+    for mark in marks:
+        if mark.kind == "start" and mark.job in wanted:
+            starts[mark.job].append(mark)
+    _, released = log_events(procs)
+    wrong = []
+    for row in rows:
+        if row.id not in wanted:
+            continue
+        runs = starts.get(row.id, [])
+        handed = sum(1 for run in runs if (run.job, run.pid) in released)
+        if row.attempts != len(runs) - handed or row.releases < handed:
+            wrong.append(
+                f"job {row.id}: attempts {row.attempts}, {len(runs)} run(s), {handed} of "
+                f"them handed back unfinished, releases {row.releases}"
+            )
+    return wrong
+
+
+@dataclass
+class StopSuccesses:
+    """The runs that finished (a done line) on a worker SIGTERMed later or never, and on
+    one in its grace, and which of them are not the run their job's row records."""
+
+    before: int = 0
+    lost_before: list[str] = field(default_factory=list)
+    in_grace: int = 0
+    lost_in_grace: list[str] = field(default_factory=list)
+    #: For each run recorded that finished after its worker's SIGTERM: how long after.
+    recorded_after: list[tuple[float, str]] = field(default_factory=list)
+
+
+def unrecorded_successes(
+    rows: Sequence[Any], marks: Sequence[Mark], procs: Sequence[Proc], job_ids: Sequence[int]
+) -> StopSuccesses:
+    """Each run with a done line is the run its job's row records (the job completed with
+    that run's ``pid:attempt`` as its result, and never started again after it), or a
+    success was lost. Split by when the run finished: before its worker's SIGTERM (or on
+    a worker never SIGTERMed), or during the grace that followed it."""
+    wanted = set(job_ids)
+    by_id = {row.id: row for row in rows if row.id in wanted}
+    last_start: dict[int, float] = {}
+    for mark in marks:
+        if mark.kind == "start" and mark.job in wanted:
+            last_start[mark.job] = max(mark.at, last_start.get(mark.job, mark.at))
+    found = StopSuccesses()
+    for mark in marks:
+        if mark.kind != "done" or mark.job not in wanted:
+            continue
+        row = by_id.get(mark.job)
+        recorded = (
+            row is not None
+            and row.status == "completed"
+            and str(job_result(row)) == f"{mark.pid}:{mark.attempt}"
+            and last_start.get(mark.job, 0.0) <= mark.at
+        )
+        proc = owner(mark, procs)
+        stop = None if proc is None else proc.terminated_at
+        text = (
+            f"job {mark.job} attempt {mark.attempt} done on pid {mark.pid} at {mark.at:.3f}"
+            + ("" if stop is None else f" (its SIGTERM at {stop:.3f})")
+            + ("" if row is None else f"; the job is {row.status}, result {job_result(row)!r}")
+        )
+        if stop is None or mark.at < stop:
+            found.before += 1
+            if not recorded:
+                found.lost_before.append(text)
+        else:
+            found.in_grace += 1
+            if not recorded:
+                found.lost_in_grace.append(text)
+            else:
+                found.recorded_after.append((mark.at - stop, text))
+    return found
+
+
+def release_delays(
+    marks: Sequence[Mark], procs: Sequence[Proc], job_ids: Sequence[int]
+) -> list[float]:
+    """From each worker's SIGTERM to the next start of every job it handed back unfinished
+    (logged as released), wherever that job ran next. A run may have started just after
+    the signal, before the worker noticed it."""
+    wanted = set(job_ids)
+    starts: dict[int, list[Mark]] = collections.defaultdict(list)
+    for mark in marks:
+        if mark.kind == "start" and mark.job in wanted:
+            starts[mark.job].append(mark)
+    _, released = log_events(procs)
+    delays = []
+    for runs in starts.values():
+        for run in runs:
+            proc = owner(run, procs)
+            stop = None if proc is None else proc.terminated_at
+            if (run.job, run.pid) not in released or stop is None:
+                continue
+            later = [m.at for m in runs if m.at > max(stop, run.at)]
+            if later:
+                delays.append(min(later) - stop)
+    return delays
 
 
 def _explain(

@@ -42,6 +42,7 @@ TRACEBACK = "Traceback (most recent call last)"
 POOL_RESET = "sqlalchemy.pool.impl.QueuePool: Exception during reset or similar"
 FENCED = re.compile(r"job=(\d+) task=\S+ attempt=(\d+)/\d+(?: key=\S+)?: lost its claim")
 RELEASED = re.compile(r"job=(\d+) released unfinished at shutdown")
+HANDED_BACK = re.compile(r"handed back (\d+) job\(s\) claimed ahead and not started")
 SELF_STOP = re.compile(
     r"lost its heartbeat|cannot heartbeat|declared dead(?: by another worker)?(?:; \S+ as \S+)?"
 )

@@ -1,19 +1,27 @@
-"""Scenario 1, kill storm: workers SIGKILLed and restarted at random while jobs run."""
+"""Scenario 1, kill storm: workers SIGKILLed and restarted at random while jobs run; with
+``signal_name="term"`` a SIGTERM storm: workers stopped gracefully, and replaced, at random."""
 
 from __future__ import annotations
 
 import random
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks import chaos_app
+from benchmarks.chaos.analysis import RunAnalysis
 from benchmarks.chaos.analysis import analyze_runs
+from benchmarks.chaos.analysis import attempts_mismatch
 from benchmarks.chaos.analysis import check_completed
 from benchmarks.chaos.analysis import check_logs
 from benchmarks.chaos.analysis import explain_figures
 from benchmarks.chaos.analysis import false_rescues
+from benchmarks.chaos.analysis import hand_backs_logged
+from benchmarks.chaos.analysis import release_delays
 from benchmarks.chaos.analysis import rescue_delays
+from benchmarks.chaos.analysis import rescues_logged
+from benchmarks.chaos.analysis import unrecorded_successes
 from benchmarks.chaos.harness import ChaosError
 from benchmarks.chaos.harness import Harness
 from benchmarks.chaos.harness import Mark
@@ -22,6 +30,24 @@ from benchmarks.chaos.harness import ScenarioResult
 from benchmarks.chaos.harness import backend_of
 from benchmarks.chaos.harness import seconds_text
 from benchmarks.chaos.harness import wait_for
+
+#: A SIGTERMed worker must exit within its ``--grace`` plus this many seconds, counted
+#: from the signal to the process's exit: the hand-back of its unstarted jobs before the
+#: grace starts, the release of the unfinished ones after it, the last outcomes, its row
+#: marked stopped, the listener's and the heartbeat's threads joined, the interpreter's
+#: teardown.
+STOP_BOUND = 5.0
+#: A run a SIGTERMed worker records may have finished up to its ``--grace`` plus this many
+#: seconds after the signal: the worker's grace starts once it has noticed the signal and
+#: handed back the jobs it claimed ahead (a write). One recorded later was kept past the
+#: grace.
+GRACE_SLACK = 1.0
+#: A SIGTERMed worker still running this long after its bound is SIGKILLed, so that the
+#: storm can end (it counts as a stop over the bound, and its jobs are rescued).
+STUCK_AFTER = 30.0
+#: The SIGTERM storm's long jobs last this many times ``grace`` (uniformly at random):
+#: longer than the grace, so a stop hands them back unfinished.
+LONG_JOBS = (1.5, 3.0)
 
 
 def kill_storm(
@@ -33,41 +59,97 @@ def kill_storm(
     workers: int = 4,
     threads: int = 2,
     kill_every: float = 0.5,
-    target: str = "any",
+    target: str | None = None,
     job_ms: tuple[float, float] = (20.0, 200.0),
     stale_after: float = 2.0,
     max_attempts: int = 20,
     seed: int = 1,
     settle_timeout: float | None = None,
     graph: int = 0,
+    signal_name: str = "kill",
+    grace: float = 2.0,
+    long_share: float | None = None,
+    long_s: tuple[float, float] | None = None,
+    slack: float = 0.0,
+    worker_grace: float | None = None,
+    broken: str | None = None,
 ) -> ScenarioResult:
     """SIGKILL a random worker every ``kill_every`` s (and restart it) during ``duration``
     seconds or until every job is done; then let the queue finish without kills.
 
-    ``target="any"`` picks among all worker processes, including ones still starting up;
-    ``"ready"`` only among those that have logged that they started (a tick with none
-    ready is skipped), so that every kill lands on a worker that may be running jobs.
+    ``target="any"`` (the default) picks among all worker processes, including ones still
+    starting up; ``"ready"`` only among those that have logged that they started (a tick
+    with none ready is skipped), so that every kill lands on a worker that may be running
+    jobs.
 
     ``graph=N``: the jobs are a graph, each depending on 0 to ``N`` (at random) of the
     :data:`GRAPH_WINDOW` jobs enqueued just before it; besides the usual checks, none
     may be left waiting, and every run of a job must start after each of its
     dependencies' last run ended (the run that completed it).
+
+    ``signal_name="term"``, a SIGTERM storm: the same loop and checks, but each tick sends
+    SIGTERM (a graceful stop) to a random started worker (``target`` must be ``"ready"``,
+    its default then) and spawns its replacement at once, while the stopping one finishes
+    within its ``grace``. A share ``long_share`` of the jobs (5 % unless given) lasts
+    :data:`LONG_JOBS` times ``grace`` (or ``long_s`` seconds), so that stops hand jobs
+    back. Besides the kill storm's checks: every stopped worker exits 0 within ``grace``
+    + :data:`STOP_BOUND` seconds; no success is lost (a run that finished before its
+    worker's stop began is the run recorded); every re-run is explained by a hand-back,
+    which spends no attempt (``attempts`` = runs - hand-backs of a started run, that is
+    1) and is counted in ``releases``; no job needed a rescue; no run recorded finished
+    later than ``grace`` + :data:`GRACE_SLACK` after its worker's SIGTERM.
+
+    :param slack: seconds a loaded machine may add to the SIGTERM storm's time bounds (the
+        test suite's, beside other work); the benchmark holds them exactly (0).
+    :param worker_grace: the ``--grace`` the workers are given, if not ``grace``: a fleet
+        that overstays the grace the checks hold it to, to show that they catch it.
+    :param broken: a deliberately broken mode of the workers (``CHAOS_BROKEN``, see
+        ``benchmarks/chaos_app.py``), to show that the checks catch it.
     """
+    if signal_name not in ("kill", "term"):
+        raise ValueError(f"signal_name must be 'kill' or 'term', not {signal_name!r}")
+    term = signal_name == "term"
+    target = target or ("ready" if term else "any")
     if target not in ("any", "ready"):
         raise ValueError(f"target must be 'any' or 'ready', not {target!r}")
+    if term and target != "ready":
+        # Before the CLI installs its handler, SIGTERM just ends the process (-15).
+        raise ValueError("a SIGTERM storm stops only workers that have started: target 'ready'")
+    if long_share is None:
+        long_share = 0.05 if term else 0.0
+    if not 0 <= long_share <= 1:
+        raise ValueError(f"long_share must be within 0-1, not {long_share!r}")
     rng = random.Random(seed)
-    result = ScenarioResult("Kill storm", backend_of(base_url))
+    result = ScenarioResult("SIGTERM storm" if term else "Kill storm", backend_of(base_url))
     with Harness(
-        "kill-storm", base_url, workdir, stale_after=stale_after, max_attempts=max_attempts
+        "term-storm" if term else "kill-storm",
+        base_url,
+        workdir,
+        stale_after=stale_after,
+        max_attempts=max_attempts,
+        broken=broken,
     ) as h:
         result.workdir = h.dir
         durations = [rng.uniform(*job_ms) for _ in range(jobs)]
-        # A random of its own: the kills of a seed are the same with a graph or without.
+        # Randoms of their own: the kills of a seed are the same with a graph or without,
+        # with long jobs or without.
+        low, high = long_s or (LONG_JOBS[0] * grace, LONG_JOBS[1] * grace)
+        long_ms = (low * 1000, high * 1000)
+        long_rng = random.Random(f"long-{seed}")
+        longs = 0
+        if long_share:
+            for index in range(jobs):
+                if long_rng.random() < long_share:
+                    durations[index] = long_rng.uniform(*long_ms)
+                    longs += 1
         edges = random_graph(jobs, graph, random.Random(seed)) if graph else None
         ids = h.enqueue([(chaos_app.work, (round(ms, 1),)) for ms in durations], edges)
         result.add(
             "jobs",
-            f"{jobs} x {job_ms[0]:g}-{job_ms[1]:g} ms "
+            f"{jobs} x {job_ms[0]:g}-{job_ms[1]:g} ms (mean {sum(durations) / max(jobs, 1):.0f} ms)"
+            if not longs
+            else f"{jobs - longs} x {job_ms[0]:g}-{job_ms[1]:g} ms and {longs} x "
+            f"{long_ms[0] / 1000:g}-{long_ms[1] / 1000:g} s (longer than --grace), shuffled "
             f"(mean {sum(durations) / max(jobs, 1):.0f} ms)",
         )
         if edges is not None:
@@ -77,11 +159,15 @@ def kill_storm(
                 f"{sum(map(len, edges))} (each job on 0-{graph} of the "
                 f"{GRAPH_WINDOW} jobs before it; longest chain {_longest_chain(edges)})",
             )
-        result.add("workers", f"{workers} x {threads} threads, STALE_AFTER={stale_after:g} s")
+        result.add(
+            "workers",
+            f"{workers} x {threads} threads, STALE_AFTER={stale_after:g} s, --grace {grace:g} s",
+        )
         if settle_timeout is None:
             work_s = sum(durations) / 1000 / (workers * threads)
             settle_timeout = 60 + 4 * work_s + 10 * stale_after
-        pool = [h.spawn_worker(threads) for _ in range(workers)]
+        given = grace if worker_grace is None else worker_grace
+        pool = [h.spawn_worker(threads, grace=given) for _ in range(workers)]
         started = time.time()
         # The kill window opens once the first workers are up: killing a fleet that is
         # still importing would test nothing.
@@ -89,7 +175,8 @@ def kill_storm(
             raise ChaosError(f"workers did not start within 120 s: {pool[0].tail()}")
         opened = time.time()
         result.add("workers up after", f"{opened - started:.1f} s (the kill window opens)")
-        kills: list[tuple[float, Proc]] = []
+        victims: list[Proc] = []  # SIGKILLed, or SIGTERMed, by the storm
+        stopping: list[Proc] = []  # SIGTERMed and not exited yet
         skipped = 0
         self_exits: list[str] = []
         kill_end = time.monotonic() + duration
@@ -105,7 +192,8 @@ def kill_storm(
                     self_exits.append(
                         f"pid {proc.pid} exited {proc.popen.returncode}: {proc.tail()}"
                     )
-                    pool[i] = h.spawn_worker(threads)
+                    pool[i] = h.spawn_worker(threads, grace=given)
+            stopping = _reap(h, stopping, given)
             if now >= next_count:
                 counts = h.counts()
                 next_count = now + 0.25
@@ -122,8 +210,13 @@ def kill_storm(
                 ]
                 if choices:
                     i = rng.choice(choices)
-                    kills.append((h.kill(pool[i]), pool[i]))
-                    pool[i] = h.spawn_worker(threads)
+                    victims.append(pool[i])
+                    if term:
+                        h.send(pool[i], signal.SIGTERM)  # it stops on its own, meanwhile...
+                        stopping.append(pool[i])
+                    else:
+                        h.kill(pool[i])
+                    pool[i] = h.spawn_worker(threads, grace=given)  # ...its replacement starts
                 else:
                     skipped += 1
             if now >= hard_end:
@@ -135,6 +228,10 @@ def kill_storm(
         if kill_window_end is None:
             kill_window_end = finished_at or time.time()
         end = finished_at or time.time()
+        # The last workers SIGTERMed by the storm may still be in their grace.
+        wait_for(lambda: not _reap(h, stopping, given), given + STOP_BOUND + STUCK_AFTER, 0.02)
+        for proc in _reap(h, stopping, given):
+            h.kill(proc)
         survivors = [p for p in pool if p.alive]
         codes = h.stop(survivors, timeout=30)
         rows = h.rows()
@@ -149,17 +246,33 @@ def kill_storm(
         )
         result.add("kill window", f"{window:.1f} s (ended by {why}); total {end - started:.1f} s")
         result.add(
-            "SIGKILLs (each worker restarted)",
-            f"{len(kills)} (every {kill_every:g} s, target: {target} worker"
+            "SIGTERMs (each worker replaced at once)"
+            if term
+            else "SIGKILLs (each worker restarted)",
+            f"{len(victims)} (every {kill_every:g} s, target: {target} worker"
             + (f"; {skipped} ticks skipped, no worker ready" if target == "ready" else "")
             + ")",
         )
-        result.add("runs interrupted by a kill", runs.interrupted)
+        if term:
+            check_stops(result, victims, grace, slack)
+        else:
+            result.add("runs interrupted by a kill", runs.interrupted)
         check_completed(result, rows, marks, ids)
         if edges is not None:
             check_graph(result, rows, marks, ids, edges)
         explain_figures(result, runs)
-        result.add("rescues recorded (sum of rescues)", sum(r.rescues for r in rows))
+        if term:
+            check_hand_backs(result, h, rows, marks, ids, runs, grace, slack)
+        rescued = sum(r.rescues for r in rows)
+        result.add("rescues recorded (sum of rescues)", rescued)
+        if term:
+            logged = rescues_logged(h.procs)
+            result.add("rescues logged by the workers", logged)
+            result.check(
+                rescued == 0 and logged == 0,
+                f"{rescued} rescue(s) recorded, {logged} logged: a stop that was not graceful "
+                "(a graceful stop hands its jobs back; no one should need rescuing)",
+            )
         result.add("crashes counted (sum of crashes)", sum(r.crashes for r in rows))
         alive = false_rescues(h.procs)
         result.add("rescues from a worker that was alive then", len(alive))
@@ -170,13 +283,15 @@ def kill_storm(
             if r.status == "dead" and r.last_error and r.last_error.startswith("Quarantined")
         ]
         result.add("jobs quarantined", len(quarantined))
-        result.add(
-            "rescue latency p50 / p95 / max: kill -> job rescued (pending again)",
-            seconds_text(rescue_delays(h.procs)),
-        )
-        result.add(
-            "rescue latency p50 / p95 / max: kill -> job's next start", seconds_text(runs.latencies)
-        )
+        if not term:
+            result.add(
+                "rescue latency p50 / p95 / max: kill -> job rescued (pending again)",
+                seconds_text(rescue_delays(h.procs)),
+            )
+            result.add(
+                "rescue latency p50 / p95 / max: kill -> job's next start",
+                seconds_text(runs.latencies),
+            )
         result.add(
             "throughput (completed jobs / total time)",
             f"{sum(r.status == 'completed' for r in rows) / max(end - started, 1e-9):.1f} jobs/s",
@@ -190,31 +305,158 @@ def kill_storm(
         result.check(not bad_stop, f"workers did not exit 0 on SIGTERM: {bad_stop}")
         result.check(bad == 0, f"{bad} malformed side-file line(s)")
         check_logs(result, h.procs)
-        result.notes.append(
-            "Rescue latency, kill -> rescued: from the SIGKILL to the rescuing worker's log line "
-            "'job=N rescued from lost worker W' for every job W held (claimed, started or "
-            "not); it spans STALE_AFTER and the rescuer's heartbeat period. Kill -> next "
-            "start: to the next start line of each job the killed worker had started and not "
-            "finished; it adds the wait for a free thread (a rescued job keeps its run_at, "
-            "so it goes ahead of jobs that became due later)."
-        )
+        if term:
+            result.notes.append(
+                f"Stop time: from the harness's SIGTERM to the process's exit (polled every "
+                f"20 ms), held to --grace + {STOP_BOUND:g} s: the grace itself, then the "
+                "release of the unfinished jobs, the last outcomes, the worker's row marked "
+                "stopped, its threads joined and the interpreter's teardown. A worker still "
+                f"running {STUCK_AFTER:g} s past that bound is SIGKILLed (and counted over it)."
+            )
+            result.notes.append(
+                "A success lost: a run whose task finished (a done line) before its worker's "
+                "SIGTERM, yet is not the run the job's row records (the job ran again, or "
+                "ended otherwise). Runs that finished during the grace are counted apart: one "
+                "finishing in the grace's last instants may rightly be handed back."
+            )
+            result.notes.append(
+                "A hand-back gives its attempt back: each job's attempts must equal its runs "
+                "(start lines) minus its runs handed back unfinished (the worker's log line "
+                "'job=N released unfinished at shutdown'), which is 1 here since no job is "
+                "killed or rescued; and the sum of releases must equal the hand-backs the "
+                "workers logged, of started runs and of jobs claimed ahead and not started."
+            )
+            result.notes.append(
+                f"SIGTERMs pick at random among the {workers} workers that have started "
+                "(before the CLI installs its handler a SIGTERM just ends a process); the "
+                "replacement is spawned at once, beside the worker still stopping."
+            )
+        else:
+            result.notes.append(
+                "Rescue latency, kill -> rescued: from the SIGKILL to the rescuing worker's "
+                "log line 'job=N rescued from lost worker W' for every job W held (claimed, "
+                "started or not); it spans STALE_AFTER and the rescuer's heartbeat period. "
+                "Kill -> next start: to the next start line of each job the killed worker had "
+                "started and not finished; it adds the wait for a free thread (a rescued job "
+                "keeps its run_at, so it goes ahead of jobs that became due later)."
+            )
         if edges is not None:
             result.notes.append(
                 "A graph: a dependent is released in the transaction that completes its "
                 "last dependency, so a run starting before that is a violation; a release "
                 "made twice would show as a run no kill explains (an unexplained duplicate)."
             )
-        result.notes.append(
-            (
-                f"Kills pick any of the {workers} worker processes at random, including ones "
-                "still starting up (about 1.5 s of CPU each on this machine)"
-                if target == "any"
-                else f"Kills pick at random among the {workers} workers that have started"
+        if not term:
+            result.notes.append(
+                (
+                    f"Kills pick any of the {workers} worker processes at random, including "
+                    "ones still starting up (about 1.5 s of CPU each on this machine)"
+                    if target == "any"
+                    else f"Kills pick at random among the {workers} workers that have started"
+                )
+                + f"; SQLQUEUE_MAX_ATTEMPTS is {max_attempts} so that a job killed repeatedly "
+                "is not sent dead."
             )
-            + f"; SQLQUEUE_MAX_ATTEMPTS is {max_attempts} so that a job killed repeatedly "
-            "is not sent dead."
-        )
     return result
+
+
+def _reap(h: Harness, stopping: list[Proc], grace: float) -> list[Proc]:
+    """The SIGTERMed workers still running (polling each records its exit time); one
+    running :data:`STUCK_AFTER` s past its bound is SIGKILLed."""
+    left = []
+    for proc in stopping:
+        if proc.poll() is not None:
+            continue
+        if time.time() - (proc.terminated_at or 0.0) > grace + STOP_BOUND + STUCK_AFTER:
+            h.kill(proc)
+            continue
+        left.append(proc)
+    return left
+
+
+def check_stops(result: ScenarioResult, victims: list[Proc], grace: float, slack: float) -> None:
+    """Every worker SIGTERMed by the storm exited 0 within ``grace`` + :data:`STOP_BOUND`
+    (+ ``slack``) seconds of the signal."""
+    bound = grace + STOP_BOUND + slack
+    times: dict[Proc, float] = {}
+    over = []
+    for proc in victims:
+        if proc.killed_at is not None or proc.ended is None or proc.terminated_at is None:
+            over.append(f"pid {proc.pid} still running after {bound + STUCK_AFTER:g} s (SIGKILLed)")
+            continue
+        times[proc] = proc.ended - proc.terminated_at
+        if times[proc] > bound:
+            over.append(f"pid {proc.pid} after {times[proc]:.2f} s: {proc.tail(3)}")
+    failed = {proc.pid: proc.popen.returncode for proc in times if proc.popen.returncode != 0}
+    result.add("SIGTERMed workers exiting 0", f"{len(times) - len(failed)} of {len(victims)}")
+    result.add(
+        "stop time p50 / p95 / max: SIGTERM -> process exit", seconds_text(list(times.values()))
+    )
+    result.add(f"stops over --grace + {STOP_BOUND:g} s", len(over))
+    result.check(not over, f"{len(over)} worker(s) took over {bound:g} s to stop: {over[:5]}")
+    result.check(not failed, f"SIGTERMed workers exited non-zero: {failed}")
+
+
+def check_hand_backs(
+    result: ScenarioResult,
+    h: Harness,
+    rows: list[Any],
+    marks: list[Mark],
+    ids: list[int],
+    runs: RunAnalysis,
+    grace: float,
+    slack: float,
+) -> None:
+    """No success lost at a stop, none recorded past the grace; every hand-back counted in
+    ``releases`` and spending no attempt."""
+    unfinished, ahead = hand_backs_logged(h.procs)
+    result.add("runs handed back unfinished at a stop (logged)", unfinished)
+    result.add("jobs claimed ahead handed back before they started (logged)", ahead)
+    releases = sum(r.releases for r in rows)
+    result.add(
+        "hand-backs recorded (sum of releases) / logged", f"{releases} / {unfinished + ahead}"
+    )
+    result.check(
+        releases == unfinished + ahead,
+        f"the rows count {releases} hand-back(s) (releases), the workers logged "
+        f"{unfinished + ahead}",
+    )
+    result.add("re-runs explained by a hand-back", runs.causes.get("released", 0))
+    wrong = attempts_mismatch(rows, marks, h.procs, ids)
+    result.add("jobs whose attempts != runs - runs handed back (i.e. != 1)", len(wrong))
+    result.check(
+        not wrong,
+        f"{len(wrong)} job(s) whose hand-backs spent an attempt or were not counted: {wrong[:5]}",
+    )
+    successes = unrecorded_successes(rows, marks, h.procs, ids)
+    result.add(
+        "successes lost: runs done before their worker's SIGTERM, not the run recorded",
+        f"{len(successes.lost_before)} of {successes.before}",
+    )
+    result.check(
+        not successes.lost_before,
+        f"{len(successes.lost_before)} success(es) lost (done before the stop began, yet "
+        f"not the run recorded): {successes.lost_before[:5]}",
+    )
+    result.add(
+        "runs done during a grace: recorded / not (handed back as they finished)",
+        f"{successes.in_grace - len(successes.lost_in_grace)} / {len(successes.lost_in_grace)}",
+    )
+    result.add(
+        "runs recorded that finished after their worker's SIGTERM: SIGTERM -> done",
+        seconds_text([after for after, _ in successes.recorded_after]),
+    )
+    late = [text for after, text in successes.recorded_after if after > grace + GRACE_SLACK + slack]
+    result.add(f"of them kept past --grace + {GRACE_SLACK:g} s", len(late))
+    result.check(
+        not late,
+        f"{len(late)} run(s) kept past the grace (finished more than --grace + "
+        f"{GRACE_SLACK + slack:g} s after the SIGTERM, yet recorded): {late[:5]}",
+    )
+    result.add(
+        "SIGTERM -> next start of each job handed back unfinished, p50 / p95 / max",
+        seconds_text(release_delays(marks, h.procs, ids)),
+    )
 
 
 #: A job of a graph depends on jobs among this many enqueued just before it.
