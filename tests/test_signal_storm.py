@@ -24,11 +24,14 @@ from tests.test_processes import FLASK
 from tests.test_processes import spawn
 from tests.test_processes import wait_exit
 from tests.waiting import scaled
+from tests.waiting import wait_for
 
 #: Each of the stops waits this long at most (a quiet machine's figure, stretched with
 #: the load): the worker's grace below, and its start-up and exit.
 EXIT_WITHIN = 20.0
 GRACE = "5"
+#: The line a worker logs once it runs.
+STARTED = " started: queues="
 
 # The main thread sets, clears and waits on an event as fast as it can (holding the
 # event's lock most of the time), while a signal arrives every millisecond or so; each
@@ -94,7 +97,14 @@ def stop_one(database_uri: str, tmp_path: Path, n: int, rng: random.Random) -> s
     output = tmp_path / f"worker-{n}.out"
     env = flask_env(database_uri)
     with spawn([*FLASK, "queue", "work", "--grace", GRACE], env, output) as proc:
-        time.sleep(rng.uniform(0.6, 1.5))  # past start-up: claiming and completing
+        # Once it has started (its signal watch is on from before that line), at a
+        # random moment of its claiming and completing: start-up takes seconds on a
+        # loaded machine, where a SIGTERM before the watch would end it at once.
+        wait_for(
+            lambda: STARTED in output.read_text() or proc.poll() is not None,
+            "the worker to start",
+        )
+        time.sleep(rng.uniform(0.0, 0.9))
         proc.send_signal(signal.SIGTERM)
         code = wait_exit(proc, EXIT_WITHIN, output)
     text = output.read_text()
