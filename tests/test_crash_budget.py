@@ -98,17 +98,22 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def kill_mid_job(database_uri: str, path: Path, runs: int) -> None:
-    """Start a worker process, wait until it runs the hanging job (its ``runs``-th run),
-    and SIGKILL it there."""
-    worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER],
+def worker_process(database_uri: str, script: str) -> subprocess.Popen[str]:
+    """A worker process running ``script`` on the test's database."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
         env=flask_env(database_uri),
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def kill_mid_job(database_uri: str, path: Path, runs: int) -> None:
+    """Start a worker process, wait until it runs the hanging job (its ``runs``-th run),
+    and SIGKILL it there."""
+    worker = worker_process(database_uri, WORKER)
     try:
         wait_for(
             lambda: len(lines(path)) >= runs or worker.poll() is not None, f"run {runs} to start"
@@ -265,14 +270,7 @@ def test_a_worker_paused_three_times_spends_no_crash(
 
 
 def paused_worker(database_uri: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-c", PAUSED_WORKER],
-        env=flask_env(database_uri),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return worker_process(database_uri, PAUSED_WORKER)
 
 
 def test_a_quarantine_by_paused_workers_is_taken_back_when_they_return(

@@ -222,6 +222,15 @@ def hand_backs_logged(procs: Sequence[Proc]) -> tuple[int, int]:
     return unfinished, ahead
 
 
+def _starts(marks: Sequence[Mark], wanted: set[int]) -> dict[int, list[Mark]]:
+    """The start marks of each job of ``wanted``, in the order they were written."""
+    starts: dict[int, list[Mark]] = collections.defaultdict(list)
+    for mark in marks:
+        if mark.kind == "start" and mark.job in wanted:
+            starts[mark.job].append(mark)
+    return starts
+
+
 def attempts_mismatch(
     rows: Sequence[Any], marks: Sequence[Mark], procs: Sequence[Proc], job_ids: Sequence[int]
 ) -> list[str]:
@@ -230,10 +239,7 @@ def attempts_mismatch(
     latter: a hand-back that spent an attempt, or was not counted. Holds when no job was
     killed or rescued (the SIGTERM storm); a kill or a rescue spends an attempt."""
     wanted = set(job_ids)
-    starts: dict[int, list[Mark]] = collections.defaultdict(list)
-    for mark in marks:
-        if mark.kind == "start" and mark.job in wanted:
-            starts[mark.job].append(mark)
+    starts = _starts(marks, wanted)
     _, released = log_events(procs)
     wrong = []
     for row in rows:
@@ -313,10 +319,7 @@ def release_delays(
     (logged as released), wherever that job ran next. A run may have started just after
     the signal, before the worker noticed it."""
     wanted = set(job_ids)
-    starts: dict[int, list[Mark]] = collections.defaultdict(list)
-    for mark in marks:
-        if mark.kind == "start" and mark.job in wanted:
-            starts[mark.job].append(mark)
+    starts = _starts(marks, wanted)
     _, released = log_events(procs)
     delays = []
     for runs in starts.values():
