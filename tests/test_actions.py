@@ -18,6 +18,7 @@ from flask import redirect
 
 from flask_sqlqueue import schema
 from flask_sqlqueue.admin import views
+from flask_sqlqueue.cli.base import queue_cli
 from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
 from tests.conftest import query
@@ -25,6 +26,7 @@ from tests.conftest import table_names
 from tests.test_admin import Admin
 from tests.test_admin import dead_job
 from tests.test_admin import pending_job
+from tests.workers import run_burst
 
 ACTOR = "alice@example.com"
 ALWAYS_FAILS = "tests.sample_app.always_fails"
@@ -528,8 +530,10 @@ def test_cli_purge_audit_deletes_only_old_entries(flask_app: Flask) -> None:
     result = cli(flask_app, "purge-audit", "--older-than", "30d")
     assert result.exit_code == 0, result.output
     assert "Purged 1 audit entry." in result.output
-    assert [entry[0] for entry in audit_rows(uri)] != ["old"]
-    assert len(audit_rows(uri)) == 1
+    # The recent retry stays, and the purge is itself written down, after it deleted.
+    left = audit_rows(uri)
+    assert [action for _, action, _, _ in left] == ["retry", "purge_audit"]
+    assert left[1][3]["purged"] == 1
     assert_error(cli(flask_app, "purge-audit", "--older-than", "soon"), "not an age")
 
 
@@ -543,3 +547,107 @@ def test_the_audit_migration_downgrades_and_upgrades(admin: Admin) -> None:
     schema.upgrade(engine)
     assert "sqlqueue_audit_log" in table_names(admin.database_uri)
     assert audit_rows(admin.database_uri) == []
+
+
+# -- every door writes the log -----------------------------------------------------------------
+
+#: Admin POST routes whose every action is audited in tests/test_schedules.py (the
+#: schedules of an app with periodic tasks; this one has none).
+SCHEDULE_ROUTES = {
+    "/queue/schedules/<path:name>/enable",
+    "/queue/schedules/<path:name>/disable",
+    "/queue/schedules/<path:name>/run",
+}
+
+
+def _admin_route_cases(admin: Admin) -> dict[str, tuple[str, dict[str, Any], str]]:
+    """Each job and queue POST route of the admin: (path, form, the audit action)."""
+    dead, pending = dead_job(admin), pending_job(admin, delay=timedelta(hours=1))
+    edited, deleted = dead_job(admin), dead_job(admin)
+    bulk = pending_job(admin, delay=timedelta(hours=1))
+    form = {"args": '["again"]', "kwargs": "{}", "queue": "default", "priority": "0"}
+    return {
+        "/queue/jobs/<int:job_id>/run-now": (f"/jobs/{pending}/run-now", {}, "run_now"),
+        "/queue/jobs/<int:job_id>/duplicate": (f"/jobs/{dead}/duplicate", {}, "duplicate"),
+        "/queue/jobs/<int:job_id>/edit": (f"/jobs/{edited}/edit", form, "edit_replay"),
+        "/queue/jobs/<int:job_id>/retry": (f"/jobs/{dead}/retry", {}, "retry"),
+        "/queue/jobs/<int:job_id>/cancel": (f"/jobs/{pending}/cancel", {}, "cancel"),
+        "/queue/jobs/bulk": ("/jobs/bulk", {"action": "cancel", "ids": [bulk]}, "cancel"),
+        "/queue/jobs/<int:job_id>/delete": (f"/jobs/{deleted}/delete", {}, "delete"),
+        "/queue/jobs/retry-dead": ("/jobs/retry-dead", {}, "retry_dead"),
+        "/queue/queues/<name>/pause": ("/queues/default/pause", {}, "pause"),
+        "/queue/queues/<name>/resume": ("/queues/default/resume", {}, "resume"),
+    }
+
+
+def test_every_admin_post_route_writes_the_audit_log(admin: Admin) -> None:
+    """A walk of the admin's POST routes: each acts and writes an entry naming its
+    action and the actor; a route added without an entry here fails the walk."""
+    cases = _admin_route_cases(admin)
+    routes = {
+        rule.rule
+        for rule in admin.app.url_map.iter_rules()
+        if rule.endpoint.startswith("sqlqueue.") and "POST" in (rule.methods or ())
+    }
+    assert routes == set(cases) | SCHEDULE_ROUTES
+    dead_left = [dead_job(admin)]  # retry-dead needs one still dead when its turn comes
+    assert dead_left
+    for route, (path, form, action) in cases.items():
+        before = len(audit_rows(admin.database_uri))
+        response = admin.post(path, form)
+        assert response.status_code in (200, 303), (route, response.get_data(as_text=True))
+        added = audit_rows(admin.database_uri)[before:]
+        assert added and {(a, act) for a, act, _, _ in added} == {(ACTOR, action)}, (route, added)
+
+
+#: The ``flask queue`` commands that only read, and ``enqueue``, which adds a job as the
+#: app's own enqueues do (not an operator's action on the queue: never audited).
+UNAUDITED_COMMANDS = {"status", "list", "audit", "show", "periodic", "doctor", "work", "db"}
+UNAUDITED_COMMANDS |= {"enqueue"}
+#: Audited in tests/test_schedules.py (schedules) and tests/test_crash_budget.py (rescue).
+AUDITED_ELSEWHERE = {"schedules", "rescue"}
+
+
+def test_every_acting_command_writes_the_audit_log(
+    flask_app: Flask, database_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk of ``flask queue``: each command that changes jobs, queues or the log
+    writes an entry naming its action and the command line's user."""
+    monkeypatch.setenv("LOGNAME", "carol")  # getpass reads it first
+    commands = set(queue_cli.commands)
+    with flask_app.app_context():
+        dead = sample_app.always_fails.using(max_attempts=1).enqueue("x").id
+        done = sample_app.add.enqueue(1, 2).id
+        pending = sample_app.add.using(delay=3600).enqueue(1, 2).id
+        run_burst(sample_app.queue.worker())
+    query(
+        database_uri,
+        "UPDATE sqlqueue_jobs SET updated_at = :t WHERE id = :i",
+        t=datetime(2001, 1, 1),
+        i=done,
+    )
+    cases: dict[str, tuple[list[str], str]] = {
+        "run-now": (["run-now", str(pending)], "run_now"),
+        "duplicate": (["duplicate", str(dead)], "duplicate"),
+        "retry": (["retry", str(dead)], "retry"),
+        "cancel": (["cancel", str(pending)], "cancel"),
+        "pause": (["pause", "default"], "pause"),
+        "resume": (["resume", "default"], "resume"),
+        "purge": (["purge", "--status", "completed", "--older-than", "1d"], "purge"),
+        "purge-audit": (["purge-audit", "--older-than", "1d"], "purge_audit"),
+    }
+    assert commands == set(cases) | UNAUDITED_COMMANDS | AUDITED_ELSEWHERE
+    for name, (args, action) in cases.items():
+        if name == "purge-audit":  # the entries so far, made old enough to purge
+            query(database_uri, "UPDATE sqlqueue_audit_log SET at = :t", t=datetime(2001, 1, 1))
+        before = len(audit_rows(database_uri))
+        result = cli(flask_app, *args)
+        assert result.exit_code == 0, (name, result.output)
+        added = audit_rows(database_uri)[before:] if name != "purge-audit" else None
+        if added is None:  # the old entries are gone; the one left says so
+            added = audit_rows(database_uri)
+            assert added[0][3]["purged"] >= len(cases) - 1, added
+        assert added and {(a, act) for a, act, _, _ in added} == {("cli:carol", action)}, (
+            name,
+            added,
+        )

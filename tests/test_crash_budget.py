@@ -27,6 +27,7 @@ from flask import Flask
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
+from flask_sqlqueue.core import operations
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import workers
 from flask_sqlqueue.exceptions import ConfigurationError
@@ -145,6 +146,11 @@ def test_a_job_that_keeps_killing_its_worker_is_quarantined(
     wait_for(lambda: "Rescued 1 job(s)." in cli(app, "rescue"), "the rescue of crash 1")
     first = job(app, job_id)
     assert (first.status, first.attempts, first.crashes, first.rescues) == ("pending", 1, 1, 1)
+    # Asked from the command line: audited, naming the lost worker.
+    entries = operations.audit_entries(crash_app.queue.state(app).store, limit=10)
+    (entry,) = [e for e in entries if e.action == "rescue"]
+    assert (entry.job_id, entry.actor.startswith("cli:")) == (job_id, True)
+    assert entry.detail["status"] == "pending" and entry.detail["lost_worker"]
     assert first.last_error.startswith("WorkerLost: worker lost: ")
 
     # Crash 2, taken back by a live worker: the budget (2) is spent, attempts are not (5).

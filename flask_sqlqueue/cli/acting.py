@@ -1,8 +1,9 @@
 """Commands that change jobs and queues, each through one function of
 ``core.operations`` (as the admin's buttons): ``retry``, ``cancel``, ``run-now``,
 ``duplicate``, ``purge``, ``purge-audit``, ``rescue``, ``pause``, ``resume``; and
-``enqueue``, through the one enqueue path. Those that act on jobs or queues write the
-audit log, naming the actor ``cli:<user>``."""
+``enqueue``, through the one enqueue path. Every one but ``enqueue`` (which adds a job as
+the app's own enqueues do, unaudited) writes the audit log when it changes something,
+naming the actor ``cli:<user>``."""
 
 from __future__ import annotations
 
@@ -176,7 +177,7 @@ def purge_command(status: str, older_than: str) -> None:
     age = parse_age(older_than)
     store = app_state().store
     try:
-        n = operations.purge(store, status, age)
+        n = operations.purge(store, status, age, audit=_audit())
     except OverflowError:
         raise click.ClickException(f"{older_than!r} is too long an age.") from None
     click.echo(f"Purged {n} {status} job(s).")
@@ -199,7 +200,7 @@ def purge_audit_command(older_than: str) -> None:
     """
     age = parse_age(older_than)
     try:
-        n = operations.purge_audit(app_state().store, age)
+        n = operations.purge_audit(app_state().store, age, audit=_audit())
     except OverflowError:
         raise click.ClickException(f"{older_than!r} is too long an age.") from None
     click.echo(f"Purged {n} audit entr{'y' if n == 1 else 'ies'}.")
@@ -218,7 +219,7 @@ def rescue_command() -> None:
       flask queue rescue
     """
     state = app_state()
-    rescued = operations.rescue(state.store, state.settings.stale_after)
+    rescued = operations.rescue(state.store, state.settings.stale_after, audit=_audit())
     for job_id, status, worker in rescued:
         click.echo(f"job {job_id}: worker {worker} lost; now {status}")
     click.echo(f"Rescued {len(rescued)} job(s).")

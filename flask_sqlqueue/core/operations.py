@@ -374,14 +374,24 @@ def duplicate(
     return made
 
 
-def purge(store: Store, status: str, older_than: timedelta) -> int:
-    """Delete the finished jobs of ``status`` last changed more than ``older_than`` ago.
+def purge(store: Store, status: str, older_than: timedelta, *, audit: Audit | None = None) -> int:
+    """Delete the finished jobs of ``status`` last changed more than ``older_than`` ago;
+    with ``audit``, one entry says so (none if nothing was deleted).
 
     :raises InvalidTransition: ``status`` is not a finished status.
     :raises OverflowError: ``older_than`` reaches before the first year.
     """
-    before = store.now() - older_than
-    purged: int = store.run_write(lambda conn: lifecycle.purge(conn, status, before))
+    now = store.now()
+    before = now - older_than
+
+    def run(conn: Connection) -> int:
+        n = lifecycle.purge(conn, status, before)
+        if audit is not None and n:
+            detail = {"status": status, "before": before.isoformat(), "purged": n}
+            audit.record(conn, now, "purge", detail=detail)
+        return n
+
+    purged: int = store.run_write(run)
     return purged
 
 
@@ -393,23 +403,37 @@ def audit_entries(
         return audit_log.recent(conn, limit=limit, before_id=before_id, job_id=job_id)
 
 
-def purge_audit(store: Store, older_than: timedelta) -> int:
-    """Delete the audit entries written more than ``older_than`` ago.
+def purge_audit(store: Store, older_than: timedelta, *, audit: Audit | None = None) -> int:
+    """Delete the audit entries written more than ``older_than`` ago; with ``audit``, a
+    new entry says who deleted how many (none if nothing was deleted).
 
     :raises OverflowError: ``older_than`` reaches before the first year.
     """
-    before = store.now() - older_than
-    purged: int = store.run_write(lambda conn: audit_log.prune(conn, before))
+    now = store.now()
+    before = now - older_than
+
+    def run(conn: Connection) -> int:
+        n = audit_log.prune(conn, before)
+        if audit is not None and n:
+            audit.record(
+                conn, now, "purge_audit", detail={"before": before.isoformat(), "purged": n}
+            )
+        return n
+
+    purged: int = store.run_write(run)
     return purged
 
 
-def rescue(store: Store, stale_after: float) -> list[tuple[int, str, str]]:
+def rescue(
+    store: Store, stale_after: float, *, audit: Audit | None = None
+) -> list[tuple[int, str, str]]:
     """Take back the running jobs of workers silent for ``stale_after`` seconds; wakes
-    the workers for those that are pending again (see :meth:`Store.rescue_stale`).
+    the workers for those that are pending again (see :meth:`Store.rescue_stale`). With
+    ``audit``, an entry per job taken back names its lost worker and its new status.
 
     :returns: ``(job id, new status, lost worker id)`` for each job taken back.
     """
-    return store.rescue_stale(stale_after)
+    return store.rescue_stale(stale_after, audit=audit)
 
 
 # -- queues ----------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from sqlalchemy.orm import scoped_session
 
+    from .audit import Audit
+
 T = TypeVar("T")
 
 
@@ -714,6 +716,7 @@ class Store:
         now: datetime | None = None,
         watch: HeartbeatWatch | None = None,
         within: float = 10.0,
+        audit: Audit | None = None,
     ) -> list[tuple[int, str, str]]:
         """Take back the running jobs of workers silent for ``stale_after`` seconds,
         each judged by the clock it shares with this process (core/liveness.py).
@@ -722,6 +725,7 @@ class Store:
         :param watch: this process's record of other machines' heartbeats; with it, a
             worker judged by the queue's time is lost only once the watch too has seen
             it silent for ``stale_after`` seconds.
+        :param audit: who asked (``flask queue rescue``): an entry per job taken back.
         :returns: ``(job id, new status, lost worker id)`` for each job taken back.
 
         Jobs it makes pending again wake the workers, as every write that makes a job
@@ -730,7 +734,7 @@ class Store:
         now = self.now() if now is None else now
 
         def take(conn: Connection) -> list[tuple[int, str, str]]:
-            return self.rescue_in(conn, stale_after, now=now, watch=watch)
+            return self.rescue_in(conn, stale_after, now=now, watch=watch, audit=audit)
 
         def ended(rescued: list[tuple[int, str, str]]) -> list[int]:
             return [job_id for job_id, status, _ in rescued if status != lifecycle.PENDING]
@@ -747,6 +751,7 @@ class Store:
         *,
         now: datetime | None = None,
         watch: HeartbeatWatch | None = None,
+        audit: Audit | None = None,
     ) -> list[tuple[int, str, str]]:
         """:meth:`rescue_stale` in the write transaction ``conn``, tried once."""
         now = self.now() if now is None else now
@@ -767,6 +772,9 @@ class Store:
         )
         if any(status == lifecycle.PENDING for _, status, _ in rescued):
             self.ops.notify(conn)
+        if audit is not None and rescued:
+            each = {i: {"status": status, "lost_worker": w} for i, status, w in rescued}
+            audit.record(conn, now, "rescue", sorted(each), each=each)
         return rescued
 
     def heartbeat_fresh(
