@@ -158,6 +158,15 @@ def test_held_lines_are_written_in_pieces_a_pipe_takes_whole() -> None:
         assert size <= logcontext.ATOMIC_WRITE or piece == lines[20]
 
 
+def test_a_record_made_without_a_logger_name_gets_the_job_fields() -> None:
+    """``logging.makeLogRecord`` (what a socket log receiver calls) names no logger: the
+    queue's record factory, once installed, gives that record the fields as any other."""
+    logcontext.install()
+    record = logging.makeLogRecord({"msg": "from elsewhere"})
+    assert record.getMessage() == "from elsewhere"
+    assert all(hasattr(record, name) for name in logcontext.FIELDS)
+
+
 def test_the_formatters_write_the_times_logging_and_datetime_write() -> None:
     """Made once a second, the times are still those of logging.Formatter (text) and
     of datetime, rounded as it rounds (JSON), at every edge of a second."""

@@ -280,10 +280,14 @@ def install() -> None:
             return
         previous = logging.getLogRecordFactory()
 
-        def factory(name: str, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        def factory(name: str | None, *args: Any, **kwargs: Any) -> logging.LogRecord:
             record = previous(name, *args, **kwargs)
             # The queue's own lines carry these as ``extra``, which must not collide.
-            if name != "flask_sqlqueue" and not name.startswith("flask_sqlqueue."):
+            # logging.makeLogRecord (a socket receiver's, a test's) names no logger.
+            own = name is not None and (
+                name == "flask_sqlqueue" or name.startswith("flask_sqlqueue.")
+            )
+            if not own:
                 job = _current.get()
                 if job is None:
                     record.__dict__.update(LOG_DEFAULTS)
