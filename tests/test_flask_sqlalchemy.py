@@ -253,6 +253,29 @@ def test_tests_drain_the_jobs_of_an_in_memory_app_database(instance: Path) -> No
         dispose(app, db)
 
 
+def test_an_enqueue_outside_the_session_leaves_its_rows_to_it(instance: Path) -> None:
+    """docs/flask-sqlalchemy.md: on the app's in-memory database an enqueue without
+    ``session=`` is committed on its own; the session's uncommitted rows stay its own,
+    and a rollback undoes them, not the job."""
+    app, db, queue = make(
+        instance, {"SQLALCHEMY_DATABASE_URI": "sqlite://", "SQLQUEUE_USE_APP_DATABASE": True}
+    )
+    Note = app.extensions["test_note"]
+    try:
+        queue.upgrade_database(app=app)
+        with app.app_context():
+            db.create_all()
+            db.session.add(Note(id=2, text="not committed"))
+            db.session.flush()
+            job = queue.enqueue("read_note", args=[2])
+            db.session.rollback()
+            assert db.session.get(Note, 2) is None
+            kept = queue.get_job(job.id)
+            assert kept is not None and kept.status == JobStatus.PENDING
+    finally:
+        dispose(app, db)
+
+
 @pytest.mark.parametrize("uri", MEMORY)
 def test_a_worker_on_an_in_memory_app_database_is_refused_by_name(instance: Path, uri: str) -> None:
     app, db, queue = make(
