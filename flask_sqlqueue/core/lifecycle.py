@@ -438,12 +438,8 @@ def _append(
 ) -> str:
     """The history with ``record`` added, bounded: at most :data:`MAX_ERRORS_KEPT`
     records and :data:`MAX_ERROR_HISTORY` bytes, and within what ``fits``."""
-    try:
-        items = decode_value(history) or []
-    except ValueError:
-        items = []  # a history edited into nonsense is replaced, never allowed to block
-    if not isinstance(items, list):
-        items = []
+    # A history edited into nonsense is replaced, never allowed to block.
+    items = _records(history) or []
     items.append(record)
     del items[:-MAX_ERRORS_KEPT]
     while True:
@@ -460,6 +456,15 @@ def _append(
             short = cut_text(record["message"], _SHORT_MESSAGE)
             items[0] = {**record, "traceback": "", "message": short}
             return dumps_trusted(items)
+
+
+def _records(history: str | None) -> list[Any] | None:
+    """The records of an ``errors`` history; ``None`` if it is not a JSON list."""
+    try:
+        items = decode_value(history) or []
+    except ValueError:
+        return None
+    return items if isinstance(items, list) else None
 
 
 class InvalidTransition(SQLQueueError, ValueError):
@@ -860,8 +865,9 @@ def quarantine_note(crashes: int) -> str:
     )
 
 
-#: The error types of a rescue's record (:func:`rescue_stale`).
-LOST_KINDS = ("WorkerLost", QUARANTINED)
+#: The error type of a rescue's record (:func:`rescue_stale`), or :data:`QUARANTINED`.
+WORKER_LOST = "WorkerLost"
+LOST_KINDS = (WORKER_LOST, QUARANTINED)
 
 
 def came_back_note(worker_id: str) -> str:
@@ -912,12 +918,9 @@ def worker_came_back(
     ).all()
     taken = []
     for row in rows:
-        try:
-            history = decode_value(row.errors) or []
-        except ValueError:
+        history = _records(row.errors)
+        if history is None:
             continue  # a history edited into nonsense tells nothing about this rescue
-        if not isinstance(history, list):
-            continue
         mine = [
             i
             for i, record in enumerate(history)
@@ -931,7 +934,7 @@ def worker_came_back(
         index = mine[-1]
         record = {
             **history[index],
-            "type": "WorkerLost",
+            "type": WORKER_LOST,
             "message": came_back_note(worker_id),
             "came_back": True,
         }
@@ -1025,7 +1028,7 @@ def rescue_stale(
     for row in lost:
         worker = row.worker_id or "unknown"
         crashes = row.crashes + 1
-        kind, message = LOST_KINDS[0], f"worker lost: {worker}"
+        kind, message = WORKER_LOST, f"worker lost: {worker}"
         if crashes >= max_crashes:
             kind, message = QUARANTINED, f"{quarantine_note(crashes)}; last {message}"
         record = error_record(row.attempts, kind, message, "", row.worker_id, now)
