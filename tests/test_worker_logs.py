@@ -77,6 +77,48 @@ def test_an_attempt_writes_one_line_at_info_and_its_start_at_debug(
     assert "failed, job is dead" in about[1]
 
 
+def test_the_line_of_a_success_is_an_ordinary_record_of_the_worker_logger(
+    make_app: Any,
+) -> None:
+    """The success line is made without a look up the stack, and is still a record as
+    ``log.info`` makes it: the logger's filters see it, a handler gets it with the job's
+    fields and where it was logged (the function that logs it)."""
+    app = make_app()
+    with app.app_context():
+        kept = sample_app.add.enqueue(1, 2).id
+        dropped = sample_app.add.enqueue(3, 4).id
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("flask_sqlqueue.worker")
+    handler = Keep(logging.INFO)
+    level = logger.level
+
+    def drop(record: logging.LogRecord) -> bool:
+        return getattr(record, "sqlqueue_job_id", None) != dropped
+
+    logger.addHandler(handler)
+    logger.addFilter(drop)
+    logger.setLevel(logging.INFO)
+    try:
+        sample_app.queue.worker(app=app).run(burst=True)
+    finally:
+        logger.removeHandler(handler)
+        logger.removeFilter(drop)
+        logger.setLevel(level)
+    done = [r for r in records if getattr(r, "sqlqueue_outcome", None) == "completed"]
+    assert [r.sqlqueue_job_id for r in done] == [kept]  # type: ignore[attr-defined]
+    (record,) = done
+    assert record.getMessage().startswith(f"job={kept} task=tests.sample_app.add attempt=1/")
+    assert record.funcName == "_log_success" and record.filename == "outcomes.py"
+    assert record.lineno > 0 and record.levelno == logging.INFO
+    assert record.threadName.startswith("sqlqueue-job-")
+    assert record.sqlqueue_queue == "default"  # type: ignore[attr-defined]
+
+
 def test_every_job_of_a_drain_has_its_line_with_its_id_task_attempt_and_duration(
     make_app: Any, database_uri: str
 ) -> None:

@@ -42,6 +42,18 @@ from .options import job_values
 PLAIN = frozenset(job_values("plain", "", EnqueueOptions(), default_max_attempts=1, now=utcnow()))
 
 
+def _to_db(value: Any, to_db: Callable[[Any], Any] | None, seen: dict[int, Any]) -> Any:
+    """``value`` through its column's conversion; one object met again in the same row
+    (a new job's ``run_at``, ``created_at`` and ``updated_at`` are one time) is
+    converted once."""
+    if to_db is None or value is None:
+        return value
+    done = seen.get(id(value))
+    if done is None:
+        done = seen[id(value)] = to_db(value)
+    return done
+
+
 class KeptInserts:
     """Plain one-job INSERTs, each in its own transaction, on kept driver connections."""
 
@@ -65,9 +77,9 @@ class KeptInserts:
 
             def named(values: Mapping[str, Any]) -> dict[str, Any]:
                 params = dict(fixed)
+                seen: dict[int, Any] = {}
                 for name, to_db in convert.items():
-                    value = values[name]
-                    params[name] = value if to_db is None or value is None else to_db(value)
+                    params[name] = _to_db(values[name], to_db, seen)
                 return params
 
             self._params = named
@@ -76,11 +88,10 @@ class KeptInserts:
 
             def positional(values: Mapping[str, Any]) -> tuple[Any, ...]:
                 params = []
+                seen: dict[int, Any] = {}
                 for name, to_db, value in steps:
                     if name in PLAIN:
-                        value = values[name]
-                        if to_db is not None and value is not None:
-                            value = to_db(value)
+                        value = _to_db(values[name], to_db, seen)
                     params.append(value)
                 return tuple(params)
 

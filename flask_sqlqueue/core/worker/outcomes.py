@@ -369,7 +369,21 @@ class Outcomes:
             extra = attempt.extra
             extra["sqlqueue_outcome"] = "completed"
             extra["sqlqueue_duration"] = round(success.elapsed, 6)
-            log.info("%s: completed in %.3fs", attempt.label, success.elapsed, extra=extra)
+            # The line of every job: made and handled as log.info would, without looking
+            # up its caller in the stack (a third of what a line cost); the record names
+            # this function, which is where it was logged.
+            record = log.makeRecord(
+                log.name,
+                logging.INFO,
+                __file__,
+                Outcomes._log_success.__code__.co_firstlineno,
+                "%s: completed in %.3fs",
+                (attempt.label, success.elapsed),
+                None,
+                "_log_success",
+                extra,
+            )
+            log.handle(record)
 
     def _emit_success(self, success: Success) -> None:
         self._emit(
