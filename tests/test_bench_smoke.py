@@ -249,6 +249,30 @@ def test_the_single_measurement_scripts_run(script: str, options: list[str]) -> 
     assert "| sqlite |" in done.stdout, done.stdout
 
 
+def test_history_reports_drains_while_pruning_at_both_paces(tmp_path: Path) -> None:
+    """``python -m benchmarks.history`` at toy sizes on SQLite: the rows with history, and
+    a drain's rows while pruning at the workers' pace and back to back."""
+    out = tmp_path / "history.md"
+    options = ["--history=2000", "--prune=1000", "--jobs=40", "--enqueues=5", "--runs=1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.history", *options, "--only=sqlite", f"--output={out}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    text = out.read_text()
+    for figure in (
+        "enqueue (jobs/s)",
+        "drain steady (jobs/s)",
+        "drain steady while pruning at the workers' pace (jobs/s)",
+        "drain steady while pruning back to back (jobs/s)",
+    ):
+        assert f"| sqlite | {figure} |" in text, text
+    assert "at the workers' pace (a retention round, then a heartbeat interval" in text, text
+
+
 @pytest.mark.parametrize(
     "backend, var, store",
     [
