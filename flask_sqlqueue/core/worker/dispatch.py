@@ -125,6 +125,10 @@ class Dispatcher:
         self._writer = store.writer()  # the claims' own connection
         self._last_claim: tuple[float, list[int]] = (0.0, [])  # (time.monotonic(), its ids)
         self._listener: threading.Thread | None = None
+        #: While the loop waits with jobs in its buffer: the fewest waiting jobs at which
+        #: the end of a job wakes it (the refill point); ``None``: every end wakes it.
+        #: A job thread reads it without a lock: a stale value costs at most a timed wait.
+        self._wake_at: int | None = None
         #: Jobs the last :meth:`run` handed back to pending as it stopped (not started,
         #: or unfinished when the grace period ended).
         self.handed_back = 0
@@ -206,7 +210,11 @@ class Dispatcher:
                     unrecorded_since = None
                     self._outcomes.record_batch(self._outcomes.take_batch())
                     continue
+                # Nothing to do until the buffer runs down to the refill point, unless a
+                # timer says so (a flush, a stall), and the wait has one while jobs wait.
+                self._wake_at = ahead // 2 if ahead else None
                 self._wake.wait(min(poll, FLUSH_AFTER) if waiting or successes else poll)
+                self._wake_at = None
                 continue
             unrecorded_since = None
             if not ahead:
@@ -349,7 +357,11 @@ class Dispatcher:
                 log.exception("job=%s: unexpected error while recording its outcome", item.job.id)
                 self._outcomes.hand_back(item, sys.exc_info()[1])
             finally:
-                self._wake.set()
+                # Not at every job's end: a wake-up the loop would answer only by waiting
+                # again took the GIL from this thread once a job.
+                at = self._wake_at
+                if at is None or self._slots.waiting() <= at:
+                    self._wake.set()
 
     def execute(self, attempt: Attempt) -> None:
         """Run ``attempt`` on this thread and record how it ended; then free its slot,
