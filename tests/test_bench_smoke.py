@@ -340,3 +340,36 @@ def test_a_window_holding_a_few_jobs_opens_earlier_with_startup_in() -> None:
     window.first = _reading(990, 0.2)
     first, last, startup = window.span(1000)
     assert (first.count, startup) == (0, True)
+
+
+def test_partitions_reports_both_schemas_and_a_verdict(tmp_path: Path) -> None:
+    """``python -m benchmarks.partitions`` at toy sizes on PostgreSQL: the drain and the
+    prune of both schemas, the verdict computed from them, and no database left over."""
+    url = os.environ.get("SQLQUEUE_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("set SQLQUEUE_TEST_POSTGRES_URL to run against PostgreSQL")
+    from benchmarks import partitions
+
+    admin = url.replace("postgresql+psycopg://", "postgresql://", 1)
+    text = _report(
+        partitions.main,
+        tmp_path / "partitions.md",
+        ["--history=4000", "--jobs=300", "--runs=1", f"--postgres={admin}"],
+    )
+    rows = {
+        cells[0]: cells
+        for line in text.splitlines()
+        if line.startswith("| ")
+        for cells in [[cell.strip() for cell in line.strip("|").split("|")]]
+    }
+    for figure in ("drain, jobs/s (median of 1)", "prune one day: seconds"):
+        row = rows[figure]
+        assert float(row[1].replace(",", "")) > 0 and float(row[2].replace(",", "")) > 0, row
+    assert "**Verdict**: partitioned drain " in text, text
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_database WHERE datname LIKE 'bench_partitions%'"
+        ).fetchone()
+    assert left == (0,), left
