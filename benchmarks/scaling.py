@@ -138,7 +138,9 @@ class Reading:
     own: set[int]  # of those, the ones serving the workers' connections
     background: set[int]  # of those, the ones serving no connection
     log: int  # WAL or redo bytes written, server-wide, since some origin
-    lsn: str  # PostgreSQL's WAL insert position as text ("" on MariaDB)
+    # PostgreSQL's flushed WAL position as text ("" on MariaDB): PostgreSQL 15's
+    # pg_walinspect refuses an end past the flush point, where the insert position may be
+    lsn: str
     commits: int  # of the benchmark's database (PostgreSQL), of the server (MariaDB)
     rollbacks: int
     others: int  # commits of every other database (PostgreSQL), of the server (MariaDB)
@@ -232,7 +234,8 @@ class PostgresServer:
                 if datname == self.database and pid not in exclude:
                     own.add(pid)
         lsn, position = self._one(
-            "SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')"
+            "SELECT pg_current_wal_flush_lsn()::text, "
+            "pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')"
         )
         commits, rollbacks, others = self._one(
             "SELECT sum(xact_commit) FILTER (WHERE datname = %(db)s), "

@@ -373,3 +373,48 @@ def test_partitions_reports_both_schemas_and_a_verdict(tmp_path: Path) -> None:
             "SELECT count(*) FROM pg_database WHERE datname LIKE 'bench_partitions%'"
         ).fetchone()
     assert left == (0,), left
+
+
+def test_scaling_reads_wal_while_other_sessions_commit_asynchronously() -> None:
+    """A reading's WAL position is one ``pg_walinspect`` accepts as an end: with other
+    sessions committing without waiting for the flush, the insert position runs ahead
+    of the flush point, which PostgreSQL 15 refuses ("cannot accept future end LSN")."""
+    url = os.environ.get("SQLQUEUE_TEST_POSTGRES_URL")
+    if not url:
+        pytest.skip("set SQLQUEUE_TEST_POSTGRES_URL to run against PostgreSQL")
+    import threading
+
+    import psycopg
+
+    plain = scaling.libpq(url)
+    stop = threading.Event()
+    table = f"scribble_{os.getpid()}"
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (line text)")
+
+    def write() -> None:
+        with psycopg.connect(plain, autocommit=True) as conn:
+            conn.execute("SET synchronous_commit = off")
+            for _ in range(20_000):  # WAL-logged, unlike a temporary table's rows
+                if stop.is_set():
+                    break
+                conn.execute(f"INSERT INTO {table} VALUES (repeat('x', 100))")
+
+    server = scaling.PostgresServer(plain)
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        with server.attached(plain):
+            for _ in range(30):
+                first = server.read(set(), 0)
+                # A commit that waits for the flush, as the workers' do in a window.
+                with psycopg.connect(plain, autocommit=True) as conn:
+                    conn.execute(f"INSERT INTO {table} VALUES ('tick')")
+                last = server.read(set(), 0)
+                server.attributed(first.lsn, last.lsn)
+    finally:
+        stop.set()
+        writer.join()
+        server.close()
+        with psycopg.connect(plain, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE {table}")
