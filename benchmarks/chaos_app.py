@@ -135,7 +135,7 @@ def produce_command(count: int, ms: float) -> None:
 
 def _install_broken(mode: str) -> None:
     """Deliberately break this process, so the chaos checks can be shown to fail."""
-    from flask_sqlqueue.core import lifecycle
+    from flask_sqlqueue.core import transitions
     from flask_sqlqueue.core.models import jobs
 
     if mode == "unfenced":
@@ -172,10 +172,10 @@ def _install_broken(mode: str) -> None:
                 if unfenced_complete(conn, job_id, token, result, now)
             }
 
-        lifecycle.complete = unfenced_complete
-        lifecycle.complete_many = unfenced_complete_many
+        transitions.complete = unfenced_complete
+        transitions.complete_many = unfenced_complete_many
     elif mode == "spending-release":
-        release = lifecycle.release
+        release = transitions.release
 
         def spending_release(conn: Connection, job_id: int, token: str, now: datetime) -> bool:
             released = release(conn, job_id, token, now)
@@ -185,7 +185,7 @@ def _install_broken(mode: str) -> None:
                 )
             return released
 
-        lifecycle.release = spending_release
+        transitions.release = spending_release
     else:
         raise click.UsageError(
             f"CHAOS_BROKEN={mode!r} is not a known broken mode (unfenced, spending-release)."

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 
 from . import schema
 from .core import queries
+from .core import roster
 from .core.diagnosis import FAIL as FAIL
 from .core.diagnosis import OK as OK
 from .core.diagnosis import WARN as WARN
@@ -62,7 +63,7 @@ def _clock_skew(store: Store) -> Finding:
 
 def _workers_and_jobs(store: Store, registered: set[str]) -> list[Finding]:
     found = []
-    fresh = store.heartbeat_fresh(store.settings.stale_after)
+    fresh = roster.heartbeat_fresh(store, store.settings.stale_after)
     with store.read() as conn:
         rows = queries.live_workers(conn, fresh)
         running = conn.execute(

@@ -36,6 +36,7 @@ from .config import DEFAULTS
 from .config import Settings
 from .core import batches
 from .core import operations
+from .core.actions import Cancellation
 from .core.aio import in_thread
 from .core.audit import Audit
 from .core.batches import Batch
@@ -46,11 +47,10 @@ from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
 from .core.enqueue import check_options
 from .core.enqueue import enqueue
+from .core.failures import BackoffFunc
 from .core.hooks import Hooks
 from .core.isolation import RuntimeLoader
 from .core.jobs import Job
-from .core.lifecycle import BackoffFunc
-from .core.lifecycle import Cancellation
 from .core.limits import TaskLimits
 from .core.periodic import DEFAULT_BACKFILL_LIMIT
 from .core.periodic import DEFAULT_BACKFILL_WINDOW

@@ -18,9 +18,9 @@ from flask import Flask
 from flask.testing import FlaskClient
 
 from flask_sqlqueue.core import charts
-from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import models
 from flask_sqlqueue.core import queries
+from flask_sqlqueue.core import roster
 from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
 from tests.conftest import query
@@ -476,7 +476,7 @@ def test_dashboard_shows_counts_queues_workers_and_throughput(admin: Admin) -> N
     store = admin.app.extensions["sqlqueue"].store
     now = store.now()
     store.run_write(
-        lambda conn: lifecycle.register_worker(
+        lambda conn: roster.register_worker(
             conn, "worker-a", "build-host-7", 4242, ["default", "reports"], 3, now
         )
     )
@@ -1257,20 +1257,18 @@ def test_the_workers_page_shows_live_and_recently_gone_workers(admin: Admin) -> 
 
     def register(worker_id: str, host: str, pid: int, at: datetime) -> None:
         store.run_write(
-            lambda conn: lifecycle.register_worker(conn, worker_id, host, pid, ["mail"], 2, at)
+            lambda conn: roster.register_worker(conn, worker_id, host, pid, ["mail"], 2, at)
         )
 
     register("w-live", "live-host", 101, now)
     register("w-stopped", "stopped-host", 102, now - timedelta(hours=2))
     register("w-lost", "lost-host", 103, now - timedelta(hours=3))
     register("w-old", "old-host", 104, now - timedelta(days=3))
-    store.run_write(lambda conn: lifecycle.unregister_worker(conn, "w-stopped", now))
-    store.run_write(
-        lambda conn: lifecycle.unregister_worker(conn, "w-old", now - timedelta(days=2))
-    )
+    store.run_write(lambda conn: roster.unregister_worker(conn, "w-stopped", now))
+    store.run_write(lambda conn: roster.unregister_worker(conn, "w-old", now - timedelta(days=2)))
     # w-lost's last heartbeat was 3 h ago: a rescue declares it lost.
     store.run_write(
-        lambda conn: lifecycle.rescue_stale(conn, now - timedelta(seconds=stale_after), now)
+        lambda conn: roster.rescue_stale(conn, now - timedelta(seconds=stale_after), now)
     )
     body = admin.get("/workers").get_data(as_text=True)
     live, gone = body.split('id="sqlqueue-gone-workers"')

@@ -14,7 +14,7 @@ from flask import Flask
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import QueueUnavailable
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import transitions
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim
 from flask_sqlqueue.core.dialects.base import LISTED_MOST
@@ -138,7 +138,7 @@ def test_complete_many_is_fenced_by_each_claim(ctx: Flask) -> None:
         )
     now = utcnow()
     done = store.run_write(
-        lambda conn: lifecycle.complete_many(
+        lambda conn: transitions.complete_many(
             conn,
             store.ops,
             [
@@ -166,10 +166,10 @@ def test_complete_many_is_fenced_by_each_claim(ctx: Flask) -> None:
 
     # A batch of one goes the single-job way, with the same fence.
     assert not store.run_write(
-        lambda c: lifecycle.complete_many(c, store.ops, [(stolen, "tok-a", None)], now)
+        lambda c: transitions.complete_many(c, store.ops, [(stolen, "tok-a", None)], now)
     )
     assert store.run_write(
-        lambda c: lifecycle.complete_many(c, store.ops, [(stolen, "tok-b", None)], now)
+        lambda c: transitions.complete_many(c, store.ops, [(stolen, "tok-b", None)], now)
     ) == {stolen}
 
 
@@ -187,7 +187,7 @@ def test_a_batch_larger_than_one_statement_is_fenced_job_by_job(ctx: Flask) -> N
     with store.write() as conn:
         conn.execute(sa.update(jobs).where(jobs.c.id.in_(stolen)).values(claim_token="tok-b"))
     batch = [(i, "tok-a", None if i % 2 else f'{{"n":{i}}}') for i in ids]
-    done = store.run_write(lambda conn: lifecycle.complete_many(conn, store.ops, batch, utcnow()))
+    done = store.run_write(lambda conn: transitions.complete_many(conn, store.ops, batch, utcnow()))
     assert done == set(ids) - stolen
     with store.read() as conn:
         rows = {r.id: r for r in conn.execute(sa.select(jobs))}
@@ -240,7 +240,7 @@ def test_complete_many_is_one_statement_for_the_batch(ctx: Flask) -> None:
     results = [None, '"two"', None, "[4]", None]
     won = [(job.id, "tok-a", result) for job, result in zip(made, results, strict=False)]
     done, seen = _statements(
-        store, lambda conn: lifecycle.complete_many(conn, store.ops, won[::-1], now)
+        store, lambda conn: transitions.complete_many(conn, store.ops, won[::-1], now)
     )
     assert done == {job.id for job in made[:5]}
     assert len(seen) == 1, seen
@@ -250,7 +250,7 @@ def test_complete_many_is_one_statement_for_the_batch(ctx: Flask) -> None:
 
     lost_one = [(made[5].id, "tok-a", "1"), (made[6].id, "tok-b", "2")]
     done, seen = _statements(
-        store, lambda conn: lifecycle.complete_many(conn, store.ops, lost_one, now)
+        store, lambda conn: transitions.complete_many(conn, store.ops, lost_one, now)
     )
     assert done == {made[5].id}
     assert len(seen) == (2 if store.engine.dialect.name == "mysql" else 1), seen
@@ -275,7 +275,7 @@ def test_a_job_listed_twice_is_completed_by_the_token_that_holds_its_claim(ctx: 
         (third, "tok-new", "3"),
         (third, "tok-old", "4"),
     ]
-    done = store.run_write(lambda conn: lifecycle.complete_many(conn, store.ops, batch, now))
+    done = store.run_write(lambda conn: transitions.complete_many(conn, store.ops, batch, now))
     assert done == {first, second, third}
     assert [job.refresh().result for job in made] == [1, 2, 3]
 

@@ -21,7 +21,7 @@ from flask_sqlqueue import Call
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import Unique
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import operations
 from flask_sqlqueue.core import retention
 from flask_sqlqueue.core.payload import OUTSIDE
@@ -255,7 +255,7 @@ def test_purge_delete_and_retention_delete_the_side_rows(app: Flask, database_ur
         assert retention.prune_jobs_batch(conn, "dead", later, 10) == 1
     assert set(side_rows(database_uri)) == {purged.id, deleted.id, kept.id}
     with store.write() as conn:
-        assert lifecycle.purge(conn, "completed", later) == 1
+        assert actions.purge(conn, "completed", later) == 1
     assert set(side_rows(database_uri)) == {deleted.id, kept.id}
     assert operations.delete(store, [deleted.id]) == 1
     assert set(side_rows(database_uri)) == {kept.id}

@@ -10,9 +10,11 @@ from flask import Flask
 from flask_sqlqueue import JobCancelled
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import current_job
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
+from flask_sqlqueue.core import roster
+from flask_sqlqueue.core import transitions
+from flask_sqlqueue.core.actions import InvalidTransition
 from flask_sqlqueue.core.context import JobContext
-from flask_sqlqueue.core.lifecycle import InvalidTransition
 from flask_sqlqueue.core.worker import Worker
 from flask_sqlqueue.core.worker.attempt import Attempt
 from flask_sqlqueue.exceptions import NoJobContext
@@ -122,9 +124,7 @@ def test_a_finished_job_in_the_batch_refuses_all(control_app: Flask) -> None:  #
     with pytest.raises(
         InvalidTransition, match=f"Cannot cancel job {done.id}: it is completed; nothing cancelled"
     ):
-        store.run_write(
-            lambda conn: lifecycle.cancel_jobs(conn, [pending.id, done.id], store.now())
-        )
+        store.run_write(lambda conn: actions.cancel_jobs(conn, [pending.id, done.id], store.now()))
     assert c.row(app, pending.id).cancel_requested_at is None
     # Two that cannot: each with its state, in one sentence.
     with app.app_context():
@@ -134,7 +134,7 @@ def test_a_finished_job_in_the_batch_refuses_all(control_app: Flask) -> None:  #
         InvalidTransition,
         match=rf"Cannot cancel jobs {done.id} \(completed\), {also.id} \(completed\); nothing",
     ):
-        store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [done.id, also.id], store.now()))
+        store.run_write(lambda conn: actions.cancel_jobs(conn, [done.id, also.id], store.now()))
 
 
 def test_release_and_rescue_of_a_job_asked_to_stop_end_cancelled(control_app: Flask) -> None:  # noqa: F811
@@ -153,14 +153,12 @@ def test_release_and_rescue_of_a_job_asked_to_stop_end_cancelled(control_app: Fl
             claim_token=f"token{job.id}",
             started_at=now - timedelta(hours=1),
         )
-    store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [released.id, rescued.id], now))
+    store.run_write(lambda conn: actions.cancel_jobs(conn, [released.id, rescued.id], now))
 
     assert store.run_write(
-        lambda conn: lifecycle.release(conn, released.id, f"token{released.id}", now)
+        lambda conn: transitions.release(conn, released.id, f"token{released.id}", now)
     )
-    found = store.run_write(
-        lambda conn: lifecycle.rescue_stale(conn, now - timedelta(minutes=1), now)
-    )
+    found = store.run_write(lambda conn: roster.rescue_stale(conn, now - timedelta(minutes=1), now))
 
     assert sorted((job_id, status) for job_id, status, _ in found) == [
         (rescued.id, "cancelled"),
@@ -206,7 +204,7 @@ def test_cancel_requested_reads_the_row_at_most_once_a_second(control_app: Flask
     reads = [s for s in seen if "cancel_requested_at" in s]
     assert 1 <= len(reads) <= 3, reads  # 500 calls; one read, two if a second passed
     store = c.store_of(app)
-    store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [job.id], store.now()))
+    store.run_write(lambda conn: actions.cancel_jobs(conn, [job.id], store.now()))
     ctx._live.cancel_checked_at = -1e9  # as if a second went by
     assert ctx.cancel_requested is True
     with c.statements(app) as seen:

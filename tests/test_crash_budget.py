@@ -28,6 +28,7 @@ from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
 from flask_sqlqueue.core import operations
+from flask_sqlqueue.core import roster
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import workers
 from flask_sqlqueue.exceptions import ConfigurationError
@@ -343,16 +344,16 @@ def test_a_live_worker_whose_heartbeat_waits_is_not_rescued(
             ).all()
             time.sleep(2.0)  # past the rescuer's 1 s, without a heartbeat of its row
             stale = conn.execute(
-                sa.select(workers.c.id).where(sa.not_(store.heartbeat_fresh(1.0)))
+                sa.select(workers.c.id).where(sa.not_(roster.heartbeat_fresh(store, 1.0)))
             ).scalars()
             assert list(stale) == [worker_id]
-            assert store.rescue_in(conn, 1.0) == []
+            assert roster.rescue_in(store, conn, 1.0) == []
         assert job(app, job_id).status == "running"
 
         worker.send_signal(signal.SIGKILL)
         worker.communicate(timeout=WAIT)
         time.sleep(1.2)
-        rescued = store.rescue_stale(1.0)
+        rescued = roster.rescue(store, 1.0)
         assert [(i, status) for i, status, _ in rescued] == [(job_id, "pending")]
     finally:
         if worker.poll() is None:

@@ -11,7 +11,7 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import config
 from flask_sqlqueue.cli import queue_cli
 from flask_sqlqueue.config import Settings
-from flask_sqlqueue.core.lifecycle import Backoff
+from flask_sqlqueue.core.failures import Backoff
 
 
 def test_every_setting_defaults_to_its_keys_default() -> None:

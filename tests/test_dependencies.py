@@ -25,11 +25,13 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
 from flask_sqlqueue import schema
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import failures
 from flask_sqlqueue.core import operations
 from flask_sqlqueue.core import retention
+from flask_sqlqueue.core import roster
+from flask_sqlqueue.core import transitions
+from flask_sqlqueue.core.actions import InvalidTransition
 from flask_sqlqueue.core.claim import claim_job
-from flask_sqlqueue.core.lifecycle import InvalidTransition
 from flask_sqlqueue.core.models import dependencies
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.exceptions import NoJobContext
@@ -360,10 +362,10 @@ def test_each_completion_path_releases_its_dependents(workflow_app: Flask) -> No
     for job_id in [*p, plain.id]:
         claimed(app, job_id, f"tok-{job_id}")
     now = store.now()
-    assert store.run_write(lambda c: lifecycle.complete(c, p[0], f"tok-{p[0]}", "0", now))
+    assert store.run_write(lambda c: transitions.complete(c, p[0], f"tok-{p[0]}", "0", now))
     assert w.status(app, kids["single"].id) == PENDING
     batch = [(i, f"tok-{i}", None) for i in (p[1], p[2], plain.id)] + [(p[3], "stolen", None)]
-    done = store.run_write(lambda c: lifecycle.complete_many(c, store.ops, batch, now))
+    done = store.run_write(lambda c: transitions.complete_many(c, store.ops, batch, now))
     assert done == {p[1], p[2], plain.id}
     statuses = {name: w.status(app, job.id) for name, job in kids.items()}
     assert statuses == {"single": PENDING, "batch": PENDING, "lost": WAITING, "half": WAITING}
@@ -387,13 +389,13 @@ def test_two_dependencies_completing_at_once_release_their_dependent_once(
     first = store.engine.connect()
     try:
         first.begin()  # BEGIN IMMEDIATE on SQLite: the write lock, until it commits
-        assert lifecycle.complete(first, a.id, "tok-a", None, now)
+        assert transitions.complete(first, a.id, "tok-a", None, now)
         assert w.status(app, both.id) == WAITING  # b still runs for the first
         done = threading.Event()
         second = threading.Thread(
             target=lambda: (
                 done.set()
-                if store.run_write(lambda c: lifecycle.complete(c, b.id, "tok-b", None, now))
+                if store.run_write(lambda c: transitions.complete(c, b.id, "tok-b", None, now))
                 else None
             )
         )
@@ -422,7 +424,7 @@ def test_a_dead_workers_job_with_its_attempts_spent_cancels_dependents(
     claimed(app, a.id, "tok", worker="a-worker-that-never-was")
     # Judged lost at once (no worker row, no time to wait): what `flask queue rescue`
     # and every worker's heartbeat do after SQLQUEUE_STALE_AFTER.
-    assert store.rescue_stale(0.0) == [(a.id, DEAD, "a-worker-that-never-was")]
+    assert roster.rescue(store, 0.0) == [(a.id, DEAD, "a-worker-that-never-was")]
     assert [w.status(app, a.id), w.status(app, b.id)] == [DEAD, CANCELLED]
     assert w.row(app, b.id).last_error == f"DependencyFailed: dependency {a.id} is dead"
 
@@ -616,9 +618,9 @@ def test_a_fan_out_larger_than_a_statement_is_released_and_cancelled(
     claimed(app, a.id, "tok-a")
     claimed(app, b.id, "tok-b")
     now = store.now()
-    assert store.run_write(lambda c: lifecycle.complete(c, a.id, "tok-a", None, now))
-    record = lifecycle.error_record(1, "Boom", "boom", "", "w", now)
-    assert store.run_write(lambda c: lifecycle.fail(c, b.id, "tok-b", record, None, now)) == DEAD
+    assert store.run_write(lambda c: transitions.complete(c, a.id, "tok-a", None, now))
+    record = failures.error_record(1, "Boom", "boom", "", "w", now)
+    assert store.run_write(lambda c: transitions.fail(c, b.id, "tok-b", record, None, now)) == DEAD
     with store.read() as conn:
         counts = dict(
             conn.execute(

@@ -21,8 +21,8 @@ import sqlalchemy as sa
 from flask import Flask
 
 from flask_sqlqueue.core import charts
-from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import queries
+from flask_sqlqueue.core import roster
 from flask_sqlqueue.core.limits import TaskLimits
 from flask_sqlqueue.core.limits import running_counts
 from flask_sqlqueue.core.models import utcnow
@@ -62,7 +62,7 @@ def _plans(conn: sa.Connection, sent: list[tuple[str, Any]]) -> list[str]:
 RUNNING = ("ix_sqlqueue_jobs_status_worker", "ix_sqlqueue_jobs_task_concurrency_key_status")
 STATEMENTS: dict[str, tuple[Callable[[sa.Connection], object], tuple[str, ...]]] = {
     "the stale scan": (
-        lambda conn: lifecycle.rescue_stale(conn, utcnow() - timedelta(days=1), utcnow()),
+        lambda conn: roster.rescue_stale(conn, utcnow() - timedelta(days=1), utcnow()),
         RUNNING,
     ),
     "the admin's running jobs": (queries.running_jobs, RUNNING),

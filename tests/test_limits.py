@@ -30,7 +30,7 @@ from flask import Flask
 from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import transitions
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim as claim_jobs
 from flask_sqlqueue.core.limits import window_start
@@ -79,7 +79,9 @@ def complete(app: Flask, job_id: int) -> None:
         "SELECT claim_token FROM sqlqueue_jobs WHERE id = :i",
         i=job_id,
     )[0]
-    assert store.run_write(lambda conn: lifecycle.complete(conn, job_id, token, None, store.now()))
+    assert store.run_write(
+        lambda conn: transitions.complete(conn, job_id, token, None, store.now())
+    )
 
 
 # -- declaring -------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import ResultTooLarge
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import signals
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
+from flask_sqlqueue.core import failures
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.store import Store
 from flask_sqlqueue.processes import AppLoader
@@ -271,10 +272,10 @@ def test_long_errors_are_cut_before_they_are_stored(oapp: Flask, backend: str) -
     cut = f" [cut: {size:,} characters in all]"
     assert job.last_error == "ValueError: " + "e" * (2_000 - len(cut)) + cut
     (record,) = job.errors
-    assert len(record["message"]) == lifecycle.MAX_ERROR_MESSAGE
+    assert len(record["message"]) == failures.MAX_ERROR_MESSAGE
     assert record["message"].endswith(cut)
     traceback = record["traceback"]
-    assert len(traceback) <= lifecycle.MAX_TRACEBACK
+    assert len(traceback) <= failures.MAX_TRACEBACK
     # Its end, where the exception is: the innermost frames and the message, cut.
     assert traceback.startswith("[cut: ")
     assert "characters in all; the end follows]\n" in traceback
@@ -296,7 +297,7 @@ def test_the_error_history_keeps_the_newest_records_that_fit(oapp: Flask) -> Non
     store = store_of(oapp)
     store.value_limit = 12_000
     with store.write() as conn:
-        lifecycle.replay(conn, [job.id], store.now())
+        actions.replay(conn, [job.id], store.now())
     with oapp.app_context():
         wide = tasks.always_fails.using(max_attempts=3).enqueue(5_000)
     burst(oapp)
@@ -313,13 +314,13 @@ def test_the_error_history_keeps_the_newest_records_that_fit(oapp: Flask) -> Non
 
 def test_cut_text_is_stable() -> None:
     text = "x" * 5_000
-    head = lifecycle.cut_text(text, 100)
-    tail = lifecycle.cut_text(text, 100, keep_end=True)
+    head = failures.cut_text(text, 100)
+    tail = failures.cut_text(text, 100, keep_end=True)
     assert len(head) == len(tail) == 100
-    assert lifecycle.cut_text(head, 100) == head
-    assert lifecycle.cut_text(tail, 100, keep_end=True) == tail
-    assert lifecycle.cut_text("short", 100) == "short"
-    history = json.loads(lifecycle._append("not json", {"traceback": "t", "message": "m"}))
+    assert failures.cut_text(head, 100) == head
+    assert failures.cut_text(tail, 100, keep_end=True) == tail
+    assert failures.cut_text("short", 100) == "short"
+    history = json.loads(failures.appended("not json", {"traceback": "t", "message": "m"}))
     assert history == [{"traceback": "t", "message": "m"}]
 
 

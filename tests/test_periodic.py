@@ -30,7 +30,7 @@ from flask import Flask
 from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import periodic
 from flask_sqlqueue.core.models import schedules
 from flask_sqlqueue.core.periodic import ScheduleInfo
@@ -97,7 +97,7 @@ def delete_jobs(app: Flask, task: str) -> None:
         task=task,
     )
     store = app.extensions["sqlqueue"].store
-    deleted = store.run_write(lambda conn: lifecycle.delete(conn, [row[0] for row in rows]))
+    deleted = store.run_write(lambda conn: actions.delete(conn, [row[0] for row in rows]))
     assert deleted == len(rows) > 0
 
 

@@ -186,7 +186,7 @@ def _statuses(app: Flask) -> dict[int, str]:
 def test_a_rescued_job_keeps_its_place_in_line(make_app: Any) -> None:
     from datetime import timedelta
 
-    from flask_sqlqueue.core import lifecycle
+    from flask_sqlqueue.core import roster
 
     app = make_app({"SQLQUEUE_STALE_AFTER": 5})
     store = _store(app)
@@ -208,7 +208,7 @@ def test_a_rescued_job_keeps_its_place_in_line(make_app: Any) -> None:
         second = sample_app.add.enqueue(2, 2)  # due after the first
         now = store.now()
         rescued = store.run_write(
-            lambda conn: lifecycle.rescue_stale(conn, now - timedelta(seconds=5), now)
+            lambda conn: roster.rescue_stale(conn, now - timedelta(seconds=5), now)
         )
         assert [job_id for job_id, _, _ in rescued] == [first.id]
         assert first.refresh().run_at < second.run_at
@@ -222,9 +222,9 @@ def test_an_unexpected_error_while_recording_hands_the_job_back(
 ) -> None:
     """A bug (not a database error) while recording must not strand the job as running
     while its worker heartbeats on: the attempt counts as failed and the job runs again."""
-    from flask_sqlqueue.core import lifecycle
+    from flask_sqlqueue.core import transitions
 
-    real = lifecycle.complete_many
+    real = transitions.complete_many
     calls = []
 
     def broken_once(*args: Any, **kwargs: Any) -> set[int]:
@@ -234,7 +234,7 @@ def test_an_unexpected_error_while_recording_hands_the_job_back(
             raise RuntimeError("a bug in recording")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "complete_many", broken_once)
+    monkeypatch.setattr(transitions, "complete_many", broken_once)
     app = make_app()
     with app.app_context(), caplog.at_level(logging.WARNING, logger="flask_sqlqueue"):
         job = sample_app.add.enqueue(2, 3)

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from flask import Flask
 
+from flask_sqlqueue.core.failures import Backoff
 from flask_sqlqueue.core.jobs import Job
-from flask_sqlqueue.core.lifecycle import Backoff
 from flask_sqlqueue.core.models import JobStatus
 from flask_sqlqueue.core.retries import PlannedAttempt
 from flask_sqlqueue.core.retries import retry_plan

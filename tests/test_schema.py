@@ -29,7 +29,7 @@ from flask import Flask
 
 from flask_sqlqueue import SchemaError
 from flask_sqlqueue import schema
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import models
 from flask_sqlqueue.core import periodic
 from flask_sqlqueue.core import schedule
@@ -381,7 +381,7 @@ def test_migrations_define_each_index_as_the_models_do(
 
 def _delete(store: Store, ids: list[int]) -> None:
     """Delete jobs as the admin's delete (or a purge) does."""
-    assert store.run_write(lambda conn: lifecycle.delete(conn, ids)) == len(ids)
+    assert store.run_write(lambda conn: actions.delete(conn, ids)) == len(ids)
 
 
 def test_the_id_of_a_deleted_job_is_never_given_again(make_app: Any) -> None:

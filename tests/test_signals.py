@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import signals
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
 from flask_sqlqueue.core.logcontext import LOG_DEFAULTS
 from flask_sqlqueue.metrics import QueueMetrics
 from tests import control_app as c
@@ -103,7 +103,7 @@ def test_a_failure_after_a_cancel_request_is_cancelled_not_retried(
     with caplog.at_level(logging.INFO, logger="flask_sqlqueue"), c.running_worker(app):
         assert c.started.wait(c.WAIT)
         store = c.store_of(app)
-        store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [job.id], store.now()))
+        store.run_write(lambda conn: actions.cancel_jobs(conn, [job.id], store.now()))
         c.go.set()
         wait_for(lambda: "cancelled" in recorder.names())
     assert job.refresh().status is JobStatus.CANCELLED
@@ -120,7 +120,7 @@ def test_cancelled_and_rescued(control_app: Flask, recorder: Recorder) -> None: 
     with c.running_worker(app):
         assert c.started.wait(c.WAIT)
         store = c.store_of(app)
-        store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [cancelled.id], store.now()))
+        store.run_write(lambda conn: actions.cancel_jobs(conn, [cancelled.id], store.now()))
         wait_for(lambda: "cancelled" in recorder.names())
     assert recorder.names()[-1] == "cancelled"
 

@@ -19,7 +19,7 @@ from flask_sqlqueue import Call
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import operations
 from flask_sqlqueue.core import retention
 from flask_sqlqueue.core.models import job_tags
@@ -328,7 +328,7 @@ def test_purge_delete_and_retention_remove_the_tag_rows(tags_app: Flask) -> None
         assert retention.prune_jobs_batch(conn, "dead", later, 10) == 1
     assert {tag for _, tag in tag_rows(tags_app)} == {"p", "d", "k"}
     with store.write() as conn:
-        assert lifecycle.purge(conn, "completed", later) == 1
+        assert actions.purge(conn, "completed", later) == 1
     assert {tag for _, tag in tag_rows(tags_app)} == {"d", "k"}
     assert operations.delete(store, [deleted.id]) == 1
     assert tag_rows(tags_app) == {(kept.id, "k")}

@@ -26,7 +26,7 @@ from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.worker import Worker
 from tests import timeouts_app as tasks
@@ -275,7 +275,7 @@ def test_cancelling_a_running_isolated_job_stops_its_process(
         start = wait_for_line(side, "start", "long", 60, proc)
         child = int(start[4])
         assert child != proc.pid
-        done = store.run_write(lambda conn: lifecycle.cancel_jobs(conn, [job.id], store.now()))
+        done = store.run_write(lambda conn: actions.cancel_jobs(conn, [job.id], store.now()))
         assert done.requested == [job.id]
         wait_until(lambda: job.refresh().status is JobStatus.CANCELLED, 20, "the cancel", proc)
         wait_until(lambda: not alive(child), 10, "the child's end", proc)

@@ -15,8 +15,8 @@ import pytest
 from flask import Flask
 
 from flask_sqlqueue import SQLQueue
-from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import queries
+from flask_sqlqueue.core import roster
 from flask_sqlqueue.core.worker import WorkerOptions
 from tests import sample_app
 from tests.conftest import query
@@ -139,7 +139,7 @@ def test_counts_stop_at_the_cap(make_app: Any) -> None:
         for n in range(3):
             sample_app.add.enqueue(n, n)
     with store.read() as conn:
-        cover = queries.coverage(conn, store.heartbeat_fresh(60), cap=2)
+        cover = queries.coverage(conn, roster.heartbeat_fresh(store, 60), cap=2)
     assert cover.live == 0
     assert [(u.task, u.count, u.capped) for u in cover.unserved] == [
         ("tests.sample_app.add", 2, True)
@@ -165,7 +165,7 @@ def test_a_worker_of_this_boot_counts_as_live_by_its_boot_clock(
     with app.app_context():
         sample_app.add.enqueue(1, 2)
     with store.write() as conn:
-        lifecycle.register_worker(
+        roster.register_worker(
             conn, "w-here", "here", 1, [], 1, store.now() - timedelta(hours=1),
             boot=store.boot, tasks=list(sample_app.queue.registry),
         )  # fmt: skip

@@ -35,8 +35,8 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import QueueNotSetUp
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.config import Settings
-from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core import operations
+from flask_sqlqueue.core import transitions
 from flask_sqlqueue.core import wakeup
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim
@@ -399,7 +399,7 @@ def _claimed(store: Store, count: int) -> list[tuple[int, str, str | None]]:
 def _complete(store: Store, done: list[tuple[int, str, str | None]]) -> set[int]:
     """What a worker does: complete a batch, then tell this host's waiters."""
     with store.write() as conn:
-        completed = lifecycle.complete_many(conn, store.ops, done, store.now())
+        completed = transitions.complete_many(conn, store.ops, done, store.now())
     store.finished(completed)
     return completed
 
@@ -462,7 +462,7 @@ def test_postgresql_tells_a_batch_in_its_completing_statement(
         driver.execute("LISTEN sqlqueue_finished")
         now = store.now()
         with c_statements(store) as seen, store.write() as conn:
-            lifecycle.complete_many(conn, store.ops, done, now)
+            transitions.complete_many(conn, store.ops, done, now)
         assert len(seen) == 1  # the notifications cost no statement of their own
         told = [
             wakeup.decode_ids(notice.payload)

@@ -25,10 +25,12 @@ from sqlalchemy.pool import NullPool
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core import lifecycle
+from flask_sqlqueue.core import actions
+from flask_sqlqueue.core import failures
+from flask_sqlqueue.core import transitions
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim
-from flask_sqlqueue.core.lifecycle import Backoff
+from flask_sqlqueue.core.failures import Backoff
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
@@ -293,13 +295,13 @@ def test_attempts_spent_goes_dead_and_replay_runs_again(ctx: Flask, tmp_path: Pa
     done = sample_app.add.enqueue(1, 1)
     burst(ctx)
     store = store_of(ctx)
-    with pytest.raises(lifecycle.InvalidTransition):
-        store.run_write(lambda conn: lifecycle.replay(conn, [fixable.id, done.id], utcnow()))
+    with pytest.raises(actions.InvalidTransition):
+        store.run_write(lambda conn: actions.replay(conn, [fixable.id, done.id], utcnow()))
     assert fixable.refresh().status is JobStatus.DEAD
 
     target.parent.mkdir()  # "fix" the task
     now = utcnow()
-    assert store.run_write(lambda conn: lifecycle.replay(conn, [fixable.id], now)) == 1
+    assert store.run_write(lambda conn: actions.replay(conn, [fixable.id], now)) == 1
     fixable.refresh()
     assert fixable.status is JobStatus.PENDING
     assert fixable.attempts == 0
@@ -307,7 +309,7 @@ def test_attempts_spent_goes_dead_and_replay_runs_again(ctx: Flask, tmp_path: Pa
     assert fixable.run_at == now
 
     task = sample_app.always_fails.name
-    replayed = store.run_write(lambda conn: lifecycle.replay_dead(conn, utcnow(), None, task))
+    replayed = store.run_write(lambda conn: actions.replay_dead(conn, utcnow(), None, task))
     assert replayed == 1
     assert job.refresh().status is JobStatus.PENDING
     assert job.attempts == 0
@@ -451,10 +453,10 @@ def test_write_with_a_stale_claim_token_changes_nothing(ctx: Flask) -> None:
     execute(ctx, sa.update(jobs).where(jobs.c.id == job.id).values(claim_token="new-token"))
 
     now = utcnow()
-    record = lifecycle.error_record(1, "X", "late", "", "test-worker", now)
-    assert not store.run_write(lambda c: lifecycle.complete(c, job.id, "old-token", "3", now))
-    assert not store.run_write(lambda c: lifecycle.fail(c, job.id, "old-token", record, now, now))
-    assert not store.run_write(lambda c: lifecycle.release(c, job.id, "old-token", now))
+    record = failures.error_record(1, "X", "late", "", "test-worker", now)
+    assert not store.run_write(lambda c: transitions.complete(c, job.id, "old-token", "3", now))
+    assert not store.run_write(lambda c: transitions.fail(c, job.id, "old-token", record, now, now))
+    assert not store.run_write(lambda c: transitions.release(c, job.id, "old-token", now))
     after = row(ctx, job.id)
     assert (after.status, after.claim_token, after.result, after.attempts) == (
         "running",
@@ -469,7 +471,7 @@ def test_write_with_a_stale_claim_token_changes_nothing(ctx: Flask) -> None:
         0,
     )
 
-    assert store.run_write(lambda c: lifecycle.complete(c, job.id, "new-token", "3", now))
+    assert store.run_write(lambda c: transitions.complete(c, job.id, "new-token", "3", now))
     assert job.refresh().status is JobStatus.COMPLETED
     assert job.result == 3
 

@@ -29,13 +29,14 @@ from werkzeug.wrappers import Response as BaseResponse
 
 from ..core import batches
 from ..core import dependencies
-from ..core import lifecycle
 from ..core import limits
 from ..core import operations
 from ..core import periodic
 from ..core import queries
 from ..core import queues
 from ..core import retention
+from ..core import roster
+from ..core.actions import InvalidTransition
 from ..core.audit import Audit
 from ..core.jobs import unreadable_note
 from ..core.models import JobStatus
@@ -257,8 +258,8 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
     def _bad_request(exc: BadRequest) -> tuple[str, int]:
         return error_page("Bad request", str(exc), 400)
 
-    @bp.errorhandler(lifecycle.InvalidTransition)
-    def _conflict(exc: lifecycle.InvalidTransition) -> tuple[str, int]:
+    @bp.errorhandler(InvalidTransition)
+    def _conflict(exc: InvalidTransition) -> tuple[str, int]:
         return error_page("Not possible now", str(exc), 409)
 
     @bp.errorhandler(SQLQueueError)
@@ -274,7 +275,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
     def worker_rows(
         st: QueueState, conn: Connection, now: datetime, running: list[Any]
     ) -> list[dict[str, Any]]:
-        fresh = st.store.heartbeat_fresh(st.settings.stale_after, now)
+        fresh = roster.heartbeat_fresh(st.store, st.settings.stale_after, now)
         running_by_worker: dict[str | None, list[Any]] = {}
         for job in running:
             running_by_worker.setdefault(job.worker_id, []).append(job)
@@ -301,7 +302,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             data = queries.activity(conn, now, span=SPANS[span].length, step=SPANS[span].step)
             paused = queues.paused_queues(conn)
             buckets = limits.describe(conn, queue.registry, now)
-            fresh = st.store.heartbeat_fresh(st.settings.stale_after, now)
+            fresh = roster.heartbeat_fresh(st.store, st.settings.stale_after, now)
             unserved = queries.coverage(conn, fresh).warnings(queue.registry)
         schedules = periodic.describe(st.store, queue.registry, now)
         totals = {s: sum(q.counts.get(s, 0) for q in by_queue) for s in STATUSES}
@@ -357,7 +358,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
     def workers_page() -> str:
         st = state()
         now = st.store.now()
-        since = now - lifecycle.GONE_WORKERS_KEPT
+        since = now - roster.GONE_WORKERS_KEPT
         with reading(st) as conn:
             live = worker_rows(st, conn, now, queries.running_jobs(conn))
             gone = queries.gone_workers(conn, since)
@@ -366,7 +367,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
             now=now,
             workers=live,
             gone=[{"row": w, "queues": w.queues.split(",") if w.queues else []} for w in gone],
-            kept=lifecycle.GONE_WORKERS_KEPT,
+            kept=roster.GONE_WORKERS_KEPT,
             stale_after=st.settings.stale_after,
         )
 
@@ -639,7 +640,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
         try:
             made = operations.duplicate(st.store, st.registry, job_id, audit=acting())
         except (TypeError, ValueError) as exc:
-            if isinstance(exc, lifecycle.InvalidTransition):
+            if isinstance(exc, InvalidTransition):
                 raise
             raise BadRequest(str(exc)) from None
         flash(f"Job {made.id} is a copy of job {job_id}.", "success")
@@ -669,7 +670,7 @@ def register(bp: Blueprint, queue: QueueExtension, acting: Callable[[], Audit]) 
                 audit=acting(),
             )
         except (TypeError, ValueError) as exc:
-            if isinstance(exc, lifecycle.InvalidTransition):
+            if isinstance(exc, InvalidTransition):
                 raise
             raise BadRequest(str(exc)) from None
         flash(

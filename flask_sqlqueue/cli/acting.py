@@ -14,9 +14,9 @@ from typing import cast
 
 import click
 
-from ..core import lifecycle
 from ..core import operations
 from ..core.audit import Audit
+from ..core.models import FINISHED
 from ..core.tags import check_tag
 from ..core.uniqueness import Unique
 from .base import JOB_ID
@@ -157,7 +157,7 @@ def cancel_command(job_ids: tuple[int, ...]) -> None:
 @click.option(
     "--status",
     required=True,
-    type=click.Choice(list(lifecycle.FINISHED)),
+    type=click.Choice(list(FINISHED)),
     help="Which finished jobs to delete.",
 )
 @click.option(

@@ -17,6 +17,7 @@ from ..core import operations
 from ..core import periodic
 from ..core import queries
 from ..core import retention
+from ..core import roster
 from ..core.jobs import Job
 from ..core.jobs import unreadable_note
 from ..core.models import JobStatus
@@ -61,7 +62,7 @@ def status_command(as_json: bool) -> None:
     now = state.store.now()
     with state.store.read() as conn:
         rows = queries.status(conn, now)
-        fresh = state.store.heartbeat_fresh(state.settings.stale_after, now)
+        fresh = roster.heartbeat_fresh(state.store, state.settings.stale_after, now)
         cover = queries.coverage(conn, fresh)
         live = queries.live_workers(conn, fresh)
         ahead = sum(len(queries.claimed_ahead(w)) for w in live)

@@ -27,12 +27,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from . import actions
 from . import dependencies
-from . import lifecycle
+from .actions import Cancellation
 from .enqueue import RunsJobs
 from .enqueue import enqueue
 from .jobs import Job
-from .lifecycle import Cancellation
 from .models import JobStatus
 from .models import batches
 from .models import jobs
@@ -375,7 +375,7 @@ def cancel_batch(store: Store, batch_id: int) -> Cancellation:
                 )
             ).scalars()
         )
-        return lifecycle.cancel_jobs(conn, unfinished, now)
+        return actions.cancel_jobs(conn, unfinished, now)
 
     done: Cancellation = store.run_write(cancel)
     return done

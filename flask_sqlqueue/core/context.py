@@ -23,10 +23,11 @@ from ..exceptions import ClaimLost
 from ..exceptions import JobCancelled
 from ..exceptions import NoJobContext
 from . import dependencies
-from . import lifecycle
-from .lifecycle import holds_claim
+from . import transitions
+from .failures import storable_text
 from .options import check_key
 from .tags import labels
+from .transitions import holds_claim
 
 if TYPE_CHECKING:
     from .store import Store
@@ -126,7 +127,7 @@ class JobContext:
         if first:
             # Not fenced by the claim: the effect happened whoever owns the job now.
             now = self.store.now()
-            self.store.run_write(lambda conn: lifecycle.mark_effect_done(conn, key, self.id, now))
+            self.store.run_write(lambda conn: transitions.mark_effect_done(conn, key, self.id, now))
 
     def _effect_key(self, key: str | None, method: str) -> str:
         if key is None:
@@ -205,7 +206,7 @@ class JobContext:
             live.cancel_checked_at = now
         try:
             with self.store.read() as conn:
-                asked = bool(lifecycle.cancel_requests(conn, [self.id]))
+                asked = bool(transitions.cancel_requests(conn, [self.id]))
         except sa.exc.SQLAlchemyError as exc:
             log.warning("job=%s: could not read its cancel request: %s", self.id, exc)
             return False
@@ -248,7 +249,7 @@ class JobContext:
         if message is not None and not isinstance(message, str):
             raise TypeError(f"progress message must be a string or None, got {message!r}.")
         if message is not None:
-            message = lifecycle.storable_text(message[:MAX_PROGRESS_MESSAGE])
+            message = storable_text(message[:MAX_PROGRESS_MESSAGE])
         live = self._live
         with live.lock:
             if live.closed:
@@ -276,7 +277,7 @@ class JobContext:
                 live.progress_written_at = time.monotonic()
             fraction, message = pending
             done = self.store.run_write(
-                lambda conn: lifecycle.set_progress(
+                lambda conn: transitions.set_progress(
                     conn, self.id, self.claim_token, fraction, message
                 ),
                 within=2.0,

@@ -4,7 +4,7 @@ A job enqueued with ``depends_on`` gets one row per dependency in
 ``sqlqueue_job_dependencies`` and starts ``waiting``; it becomes ``pending`` once every
 one of them is ``completed``, and ends ``cancelled`` if one ends ``dead`` or
 ``cancelled``, as its own waiting dependents then do. Both happen in the transaction that
-records the dependency's end (``core/lifecycle.py`` calls :func:`release` and
+records the dependency's end (``core/transitions.py`` calls :func:`release` and
 :func:`cancel_dependents`), so a crash cannot leave a dependent waiting for good, nor
 release it twice: either the end and its consequences commit, or neither does.
 

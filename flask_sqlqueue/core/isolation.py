@@ -60,9 +60,9 @@ from . import logcontext
 from .aio import run_to_end
 from .context import JobContext
 from .context import _current
-from .lifecycle import MAX_ERROR_MESSAGE
-from .lifecycle import cut_text
-from .lifecycle import format_error
+from .failures import MAX_ERROR_MESSAGE
+from .failures import cut_text
+from .failures import format_error
 from .payload import encode_value
 
 if TYPE_CHECKING:

@@ -59,6 +59,10 @@ class JobStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
+#: The statuses a job ends in: it runs no more unless replayed.
+FINISHED = (JobStatus.COMPLETED.value, JobStatus.DEAD.value, JobStatus.CANCELLED.value)
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 

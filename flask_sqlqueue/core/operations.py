@@ -28,12 +28,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from . import actions
 from . import audit as audit_log
 from . import bigpayloads
-from . import lifecycle
 from . import periodic
 from . import queries
 from . import queues
+from . import roster
+from .actions import Cancellation
+from .actions import InvalidTransition
 from .audit import Audit
 from .enqueue import Call
 from .enqueue import EnqueueOptions
@@ -42,8 +45,6 @@ from .enqueue import check_options
 from .enqueue import encode_arguments
 from .enqueue import enqueue
 from .jobs import Job
-from .lifecycle import Cancellation
-from .lifecycle import InvalidTransition
 from .models import JobStatus
 from .models import jobs
 from .store import Store
@@ -82,7 +83,7 @@ def retry(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> in
     now = store.now()
 
     def replay(conn: Connection) -> int:
-        replayed = lifecycle.replay(conn, ids, now)
+        replayed = actions.replay(conn, ids, now)
         if audit is not None:
             audit.record(conn, now, "retry", sorted(set(ids)))
         return replayed
@@ -109,14 +110,14 @@ def retry_dead(
 
     def replay(conn: Connection) -> int:
         if not text and not tag:
-            replayed = lifecycle.replay_dead(conn, now, queue, task)
+            replayed = actions.replay_dead(conn, now, queue, task)
         else:
             where = queries.JobFilter(
                 status=JobStatus.DEAD.value, queue=queue, task=task, text=text, tag=tag
             )
             ids = queries.job_ids(conn, where)
             replayed = sum(
-                lifecycle.replay(conn, ids[i : i + CHUNK], now) for i in range(0, len(ids), CHUNK)
+                actions.replay(conn, ids[i : i + CHUNK], now) for i in range(0, len(ids), CHUNK)
             )
         if audit is not None:
             # One entry for the selection, not one per job: it may be thousands.
@@ -130,14 +131,14 @@ def retry_dead(
 
 def cancel(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> Cancellation:
     """Cancel waiting and pending jobs with their waiting dependents, and ask running
-    ones to stop (see :func:`.lifecycle.cancel_jobs`).
+    ones to stop (see :func:`.actions.cancel_jobs`).
 
     :raises InvalidTransition: an id is missing or its job finished; nothing changes.
     """
     now = store.now()
 
     def write(conn: Connection) -> Cancellation:
-        done = lifecycle.cancel_jobs(conn, ids, now)
+        done = actions.cancel_jobs(conn, ids, now)
         if audit is not None:
             audit.record(conn, now, "cancel", done.cancelled, {"outcome": "cancelled"})
             audit.record(conn, now, "cancel", done.requested, {"outcome": "asked to stop"})
@@ -161,7 +162,7 @@ def delete(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> i
                 sa.select(jobs.c.id, jobs.c.task, jobs.c.status).where(jobs.c.id.in_(ids))
             ).all()
             each = {row.id: {"task": row.task, "status": row.status} for row in rows}
-        deleted = lifecycle.delete(conn, ids, now)
+        deleted = actions.delete(conn, ids, now)
         if audit is not None:
             audit.record(conn, now, "delete", sorted(set(ids)), each=each)
         return deleted
@@ -181,7 +182,7 @@ def run_now(store: Store, ids: Sequence[int], *, audit: Audit | None = None) -> 
     now = store.now()
 
     def write(conn: Connection) -> int:
-        moved = lifecycle.run_now(conn, ids, now)
+        moved = actions.run_now(conn, ids, now)
         if audit is not None:
             each = {i: {"run_at_was": moved[i].isoformat()} for i in moved}
             audit.record(conn, now, "run_now", sorted(set(ids)), each=each)
@@ -224,7 +225,7 @@ def replay_edited(
             raise InvalidTransition(f"No job with id {job_id}; nothing replayed.")
         job = Job.from_row(bigpayloads.full_row(conn, row))
         # First: a job in the wrong state is refused as such, whatever its new arguments.
-        replayed = lifecycle.replay(conn, [job_id], now)
+        replayed = actions.replay(conn, [job_id], now)
         before: dict[str, Any] = {}
         after: dict[str, Any] = {}
         values: dict[str, Any] = {}
@@ -248,10 +249,10 @@ def replay_edited(
         if "payload" in values:
             payload, limit = values["payload"], store.settings.inline_payload_limit
             values = bigpayloads.row_values(values, limit)
-            lifecycle.change_replayed(conn, job_id, values)
+            actions.change_replayed(conn, job_id, values)
             bigpayloads.rewrite(conn, job_id, payload, limit)
         elif values:
-            lifecycle.change_replayed(conn, job_id, values)
+            actions.change_replayed(conn, job_id, values)
         if audit is not None:
             detail = {"before": before, "after": after} if after else None
             audit.record(conn, now, "edit_replay" if after else "retry", [job_id], detail)
@@ -385,7 +386,7 @@ def purge(store: Store, status: str, older_than: timedelta, *, audit: Audit | No
     before = now - older_than
 
     def run(conn: Connection) -> int:
-        n = lifecycle.purge(conn, status, before)
+        n = actions.purge(conn, status, before)
         if audit is not None and n:
             detail = {"status": status, "before": before.isoformat(), "purged": n}
             audit.record(conn, now, "purge", detail=detail)
@@ -428,12 +429,12 @@ def rescue(
     store: Store, stale_after: float, *, audit: Audit | None = None
 ) -> list[tuple[int, str, str]]:
     """Take back the running jobs of workers silent for ``stale_after`` seconds; wakes
-    the workers for those that are pending again (see :meth:`Store.rescue_stale`). With
+    the workers for those that are pending again (see :func:`.roster.rescue`). With
     ``audit``, an entry per job taken back names its lost worker and its new status.
 
     :returns: ``(job id, new status, lost worker id)`` for each job taken back.
     """
-    return store.rescue_stale(stale_after, audit=audit)
+    return roster.rescue(store, stale_after, audit=audit)
 
 
 # -- queues ----------------------------------------------------------------------------------

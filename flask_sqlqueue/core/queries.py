@@ -151,7 +151,7 @@ def coverage(conn: Connection, fresh: sa.ColumnElement[bool], cap: int = COVERAG
     """The pending jobs that no live worker claims: no worker that serves their queue
     registers their task (a worker of an older deploy, a module the worker does not
     import, a queue no worker is started for). Live: not stopped, and ``fresh``
-    (:meth:`Store.heartbeat_fresh`).
+    (:func:`.roster.heartbeat_fresh`).
 
     Bounded however many jobs wait: a task that a live worker of every queue runs is
     not read at all; any other has at most ``cap`` pending jobs read, from the
@@ -239,7 +239,7 @@ def list_jobs(
 
 def quarantined(status: str, crashes: int, max_crashes: int) -> bool:
     """Whether a job is quarantined: dead, with its crash budget (``max_crashes``) spent
-    (core/lifecycle.py, ``rescue_stale``)."""
+    (core/roster.py, ``rescue_stale``)."""
     return status == JobStatus.DEAD.value and crashes >= max_crashes
 
 
@@ -274,7 +274,7 @@ def replay_note(found: list[Effect]) -> str:
 
 def live_workers(conn: Connection, fresh: sa.ColumnElement[bool]) -> list[Any]:
     """Workers that have not stopped (a silent one is listed until it is declared lost),
-    each with ``fresh``: whether it heartbeated lately (:meth:`Store.heartbeat_fresh`)."""
+    each with ``fresh``: whether it heartbeated lately (:func:`.roster.heartbeat_fresh`)."""
     query = sa.select(workers, fresh.label("fresh")).where(workers.c.stopped_at.is_(None))
     return list(conn.execute(query.order_by(workers.c.started_at)).all())
 

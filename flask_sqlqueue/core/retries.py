@@ -1,8 +1,8 @@
 """The retry preview: when a job's remaining attempts would run if each one failed.
 
 ``flask queue show`` and the admin's job page show it. The worker decides each delay
-when an attempt fails, from the same backoff (:func:`.lifecycle.own_delay` or
-:class:`.lifecycle.Backoff`), so the preview is what it will do, except where a task
+when an attempt fails, from the same backoff (:func:`.failures.own_delay` or
+:class:`.failures.Backoff`), so the preview is what it will do, except where a task
 raises ``Retry(delay)`` with its own delay, or a cancellation ends the job.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from .failures import Backoff
+from .failures import BackoffFunc
+from .failures import own_delay
 from .jobs import Job
-from .lifecycle import Backoff
-from .lifecycle import BackoffFunc
-from .lifecycle import own_delay
 from .models import JobStatus
 
 

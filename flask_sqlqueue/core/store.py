@@ -35,7 +35,6 @@ from ..exceptions import DatabaseFileChanged
 from ..exceptions import QueueUnavailable
 from . import bigpayloads
 from . import dependencies
-from . import lifecycle
 from . import signals
 from . import tags
 from . import uniqueness
@@ -45,18 +44,17 @@ from .dialects import check_scheme
 from .dialects import database_identity
 from .dialects import driver_missing
 from .dialects import for_dialect
+from .failures import Backoff
+from .failures import cut_text
 from .hooks import Hooks
 from .inserts import PLAIN
 from .inserts import KeptInserts
 from .jobs import Job
 from .jobs import read_rows
-from .lifecycle import Backoff
-from .lifecycle import cut_text
 from .liveness import BeatFiles
 from .liveness import BootClock
-from .liveness import HeartbeatWatch
-from .liveness import heartbeat_fresh
 from .liveness import steady
+from .models import FINISHED
 from .models import jobs
 from .models import utcnow
 from .options import EnqueueOptions
@@ -66,8 +64,6 @@ from .uniqueness import Unique
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from sqlalchemy.orm import scoped_session
-
-    from .audit import Audit
 
 T = TypeVar("T")
 
@@ -707,95 +703,6 @@ class Store:
         size = self.ops.value_size(text)
         return size if size > self.value_limit else None
 
-    # -- rescue ---------------------------------------------------------------------------
-
-    def rescue_stale(
-        self,
-        stale_after: float,
-        *,
-        now: datetime | None = None,
-        watch: HeartbeatWatch | None = None,
-        within: float = 10.0,
-        audit: Audit | None = None,
-    ) -> list[tuple[int, str, str]]:
-        """Take back the running jobs of workers silent for ``stale_after`` seconds,
-        each judged by the clock it shares with this process (core/liveness.py).
-
-        :param now: the queue's time (default :meth:`now`).
-        :param watch: this process's record of other machines' heartbeats; with it, a
-            worker judged by the queue's time is lost only once the watch too has seen
-            it silent for ``stale_after`` seconds.
-        :param audit: who asked (``flask queue rescue``): an entry per job taken back.
-        :returns: ``(job id, new status, lost worker id)`` for each job taken back.
-
-        Jobs it makes pending again wake the workers, as every write that makes a job
-        runnable does (``core/operations.py``); those it ends wake their waiters.
-        """
-        now = self.now() if now is None else now
-
-        def take(conn: Connection) -> list[tuple[int, str, str]]:
-            return self.rescue_in(conn, stale_after, now=now, watch=watch, audit=audit)
-
-        def ended(rescued: list[tuple[int, str, str]]) -> list[int]:
-            return [job_id for job_id, status, _ in rescued if status != lifecycle.PENDING]
-
-        rescued: list[tuple[int, str, str]] = self.run_finishing(take, ended, within=within)
-        if any(status == lifecycle.PENDING for _, status, _ in rescued):
-            self.wake()
-        return rescued
-
-    def rescue_in(
-        self,
-        conn: Connection,
-        stale_after: float,
-        *,
-        now: datetime | None = None,
-        watch: HeartbeatWatch | None = None,
-        audit: Audit | None = None,
-    ) -> list[tuple[int, str, str]]:
-        """:meth:`rescue_stale` in the write transaction ``conn``, tried once."""
-        now = self.now() if now is None else now
-        boot = None if self.boot is None else self.boot.cutoff(stale_after)
-        beats = self.beats
-        silent = None
-        if watch is not None:
-            watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
-            silent = watch.silent(stale_after)
-        rescued = lifecycle.rescue_stale(
-            conn,
-            now - timedelta(seconds=stale_after),
-            now,
-            boot=boot,
-            silent=silent,
-            spared=None if beats is None else lambda ids: beats.fresh(ids, stale_after),
-            max_crashes=self.settings.max_crashes,
-        )
-        if any(status == lifecycle.PENDING for _, status, _ in rescued):
-            self.ops.notify(conn)
-        if audit is not None and rescued:
-            each = {i: {"status": status, "lost_worker": w} for i, status, w in rescued}
-            audit.record(conn, now, "rescue", sorted(each), each=each)
-        return rescued
-
-    def heartbeat_fresh(
-        self, stale_after: float, now: datetime | None = None
-    ) -> sa.ColumnElement[bool]:
-        """The SQL test for worker rows that heartbeated within ``stale_after`` seconds,
-        each judged by the clock it shares with this process (core/liveness.py): what
-        status, doctor and the admin call live."""
-        now = self.now() if now is None else now
-        boot = None if self.boot is None else self.boot.cutoff(stale_after)
-        return heartbeat_fresh(now - timedelta(seconds=stale_after), boot)
-
-    def watch_heartbeats(self, watch: HeartbeatWatch) -> None:
-        """Let ``watch`` look at the heartbeats it keeps, without rescuing anything."""
-        with self.read() as conn:
-            watch.look(lifecycle.heartbeat_marks(conn, self._boot_id))
-
-    @property
-    def _boot_id(self) -> str | None:
-        return None if self.boot is None else self.boot.id
-
     # -- forks ------------------------------------------------------------------------------
 
     def _forked(self) -> None:
@@ -850,7 +757,7 @@ class Store:
                 job = self.get_job(job_id)
                 if job is None:
                     raise LookupError(f"Job {job_id} no longer exists.")
-                if job.status in lifecycle.FINISHED:
+                if job.status in FINISHED:
                     return job
                 pause = poll_interval
                 if deadline is not None:

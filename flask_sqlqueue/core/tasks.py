@@ -27,8 +27,8 @@ from ..exceptions import DuplicateTask
 from .aio import in_thread
 from .arguments import ArgumentCodec
 from .arguments import codec_for
+from .failures import BackoffFunc
 from .jobs import Job
-from .lifecycle import BackoffFunc
 from .limits import TaskLimits
 from .options import Call
 from .options import CallLike

@@ -24,8 +24,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from ...exceptions import Snooze
-from .. import lifecycle
 from .. import signals
+from .. import transitions
 from ..aio import run_to_end
 from ..context import JobContext
 from ..context import _current
@@ -335,7 +335,7 @@ class Runner:
     def _cancel_asked(self, job_id: int) -> bool:
         try:
             with self._store.read() as conn:
-                return bool(lifecycle.cancel_requests(conn, [job_id]))
+                return bool(transitions.cancel_requests(conn, [job_id]))
         except sa.exc.SQLAlchemyError as exc:
             self._log_db_error("cancel check", exc)
             return False

@@ -44,7 +44,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from .. import lifecycle
+from .. import transitions
 from ..claim import ClaimRequest
 from ..claim import claim
 from ..claim import claim_job
@@ -282,7 +282,7 @@ class Dispatcher:
         now = self._clock()
 
         def release(conn: sa.Connection) -> list[int]:
-            done = [i for i, t in claims.items() if lifecycle.release(conn, i, t, now)]
+            done = [i for i, t in claims.items() if transitions.release(conn, i, t, now)]
             if done:
                 self._store.ops.notify(conn)
             return done

@@ -36,10 +36,12 @@ from ...exceptions import PermanentFailure
 from ...exceptions import ResultTooLarge
 from ...exceptions import Retry
 from ...exceptions import Snooze
-from .. import lifecycle
+from .. import failures
 from .. import logcontext
 from .. import signals
+from .. import transitions
 from ..isolation import AttemptFailed
+from ..models import FINISHED
 from ..models import JobStatus
 from ..payload import encode_value
 from ..store import error_reason
@@ -96,7 +98,7 @@ class Failure:
 def failure_of(error: BaseException, backoff: Callable[[], float]) -> Failure:
     """How an attempt that raised ``error`` is recorded. ``PermanentFailure`` ends the
     job, ``Retry`` gives its own delay, anything else retries after ``backoff()``."""
-    text = lifecycle.format_error(error)
+    text = failures.format_error(error)
     kind = f"{type(error).__module__}.{type(error).__qualname__}".removeprefix("builtins.")
     if isinstance(error, AttemptFailed):  # it failed in a child: record the child's error
         text, kind = error.text, error.kind
@@ -209,13 +211,13 @@ class Outcomes:
         job = attempt.job
         now = self._clock()
         text = f"outcome not recorded: {error!r}"
-        record = lifecycle.error_record(
+        record = failures.error_record(
             job.attempts, "OutcomeNotRecorded", text, "", self._worker_id(), now
         )
         retry_at = None if job.attempts >= job.max_attempts else now
 
         def apply(conn: Connection) -> str | None:
-            return lifecycle.fail(
+            return transitions.fail(
                 conn, job.id, job.claim_token, record, retry_at, now, fits=self._fits
             )
 
@@ -278,7 +280,7 @@ class Outcomes:
         if not batch:
             return set()
         items = [(s.attempt.job.id, s.attempt.token, s.result) for s in batch]
-        return lifecycle.complete_many(conn, self._store.ops, items, now)
+        return transitions.complete_many(conn, self._store.ops, items, now)
 
     def report(self, batch: list[Success], done: set[int]) -> None:
         """Log and signal the successes of ``batch`` recorded completed (ids in ``done``),
@@ -325,7 +327,7 @@ class Outcomes:
         items = [(s.attempt.job.id, s.attempt.token, s.result) for s in batch]
         try:
             done = self._store.run_write(
-                lambda conn: lifecycle.complete_many(conn, self._store.ops, items, now),
+                lambda conn: transitions.complete_many(conn, self._store.ops, items, now),
                 within=self._options.stale_after,
             )
         except sa.exc.SQLAlchemyError as exc:
@@ -343,7 +345,7 @@ class Outcomes:
     def _success_write(self, success: Success) -> _Write:
         attempt = success.attempt
         write = functools.partial(
-            lifecycle.complete,
+            transitions.complete,
             job_id=attempt.job.id,
             token=attempt.token,
             result=success.result,
@@ -396,7 +398,7 @@ class Outcomes:
         job = attempt.job
         if task.backoff is not None:
             try:
-                return lifecycle.own_delay(task.backoff, job.attempts)
+                return failures.own_delay(task.backoff, job.attempts)
             except Exception as exc:
                 log.error("task %s: backoff failed (%r); using the default", job.task, exc)
         return self._store.backoff.delay(job.attempts, self._rng)
@@ -416,14 +418,14 @@ class Outcomes:
         (dead once its attempts are spent, or with ``dead``)."""
         job, label = attempt.job, attempt.label
         now = self._clock()
-        record = lifecycle.error_record(job.attempts, kind, message, text, self._worker_id(), now)
+        record = failures.error_record(job.attempts, kind, message, text, self._worker_id(), now)
         spent = job.attempts >= job.max_attempts
         # time_after: a delay past the latest storable time (a task's backoff= said so)
         # waits until that time instead of failing to record.
         retry_at = None if dead or spent else time_after(now, delay)
 
         def apply(conn: Connection) -> str | None:
-            return lifecycle.fail(
+            return transitions.fail(
                 conn, job.id, job.claim_token, record, retry_at, now, fits=self._fits
             )
 
@@ -463,7 +465,7 @@ class Outcomes:
                 self._emit(signals.job_retried, attempt, error=error, retry_at=retry_at)
 
         def refused(exc: BaseException) -> _Write:
-            what = lifecycle.cut_text(f"{record['type']}: {record['message']}", 300)
+            what = failures.cut_text(f"{record['type']}: {record['message']}", 300)
             reason = f"the database refused to store the error ({what}): {error_reason(exc)}"
             short = self._failure_write(attempt, REFUSED_KIND, reason, "", dead=dead, delay=delay)
             return replace(short, fallback=None)
@@ -488,7 +490,7 @@ class Outcomes:
         return self._finish(
             _Write(
                 attempt,
-                lambda conn: lifecycle.finish_cancelled(conn, job.id, job.claim_token, now),
+                lambda conn: transitions.finish_cancelled(conn, job.id, job.claim_token, now),
                 recorded,
             )
         )
@@ -502,7 +504,7 @@ class Outcomes:
         run_at = time_after(now, snoozed.delay)
 
         def apply(conn: Connection) -> str | None:
-            return lifecycle.snooze(conn, job.id, job.claim_token, run_at, now)
+            return transitions.snooze(conn, job.id, job.claim_token, run_at, now)
 
         def recorded(status: str) -> None:
             if status == JobStatus.CANCELLED.value:
@@ -528,13 +530,13 @@ class Outcomes:
         counted, its dependents cancelled (docs/expiry.md)."""
         job = attempt.job
         now = self._clock()
-        reason = lifecycle.expired_reason(expires_at, job.attempts)
+        reason = transitions.expired_reason(expires_at, job.attempts)
 
         def recorded(_done: bool) -> None:
             log.info(
                 "%s: not run, %s; job is cancelled",
                 attempt.label,
-                reason.removeprefix(f"{lifecycle.EXPIRED_KIND}: "),
+                reason.removeprefix(f"{transitions.EXPIRED_KIND}: "),
                 extra={**attempt.extra, "sqlqueue_outcome": "cancelled"},
             )
             self._emit(signals.job_cancelled, attempt)
@@ -542,7 +544,7 @@ class Outcomes:
         self._finish(
             _Write(
                 attempt,
-                lambda conn: lifecycle.expire(
+                lambda conn: transitions.expire(
                     conn, job.id, job.claim_token, reason, now, first=job.attempts <= 1
                 ),
                 recorded,
@@ -627,7 +629,7 @@ class Outcomes:
 
 def _ended(status: str | None) -> bool:
     """Whether a failure's write (which returns the job's new status) ended the job."""
-    return status in lifecycle.FINISHED
+    return status in FINISHED
 
 
 def _log_claim_lost(attempt: Attempt) -> None:

@@ -32,10 +32,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from ...exceptions import DatabaseFileChanged
-from .. import lifecycle
 from .. import queries
 from .. import retention
+from .. import roster
 from .. import signals
+from .. import transitions
 from ..liveness import BeatFiles
 from ..liveness import HeartbeatWatch
 from ..tasks import Task
@@ -156,7 +157,7 @@ class Upkeep:
             return
         now = self._clock()
         self._store.run_write(
-            lambda conn: lifecycle.register_worker(
+            lambda conn: roster.register_worker(
                 conn,
                 self.id,
                 socket.gethostname(),
@@ -176,7 +177,7 @@ class Upkeep:
         if self.registered and self.fatal is None:
             try:
                 self._store.run_write(
-                    lambda conn: lifecycle.unregister_worker(conn, self.id, self._clock())
+                    lambda conn: roster.unregister_worker(conn, self.id, self._clock())
                 )
             except sa.exc.SQLAlchemyError:
                 log.warning("worker %s could not remove its row; it will expire", self.id)
@@ -271,7 +272,7 @@ class Upkeep:
             last_ok = self.last_heartbeat_ok
             try:
                 alive = self._store.run_write(
-                    lambda conn: lifecycle.heartbeat(
+                    lambda conn: roster.heartbeat(
                         conn, self.id, self._clock(), self._store.boot, self._slots.waiting_ids()
                     ),
                     within=interval,
@@ -323,7 +324,7 @@ class Upkeep:
 
     def _came_back(self, old_id: str, held: list[int]) -> None:
         taken = self._store.run_write(
-            lambda conn: lifecycle.worker_came_back(
+            lambda conn: roster.worker_came_back(
                 conn,
                 old_id,
                 held,
@@ -351,7 +352,7 @@ class Upkeep:
     def _watch_heartbeats(self) -> None:
         # From the first heartbeat on, so the first rescue need not watch STALE_AFTER more.
         try:
-            self._store.watch_heartbeats(self._watch)
+            roster.watch_heartbeats(self._store, self._watch)
         except sa.exc.SQLAlchemyError as exc:
             self.log_db_error("heartbeat watch", exc)
 
@@ -374,7 +375,8 @@ class Upkeep:
         """Take back the running jobs of workers that stopped heartbeating (see
         :meth:`Worker.rescue`)."""
         try:
-            rescued = self._store.rescue_stale(
+            rescued = roster.rescue(
+                self._store,
                 self._options.stale_after,
                 now=self._clock(),
                 watch=self._watch,
@@ -414,7 +416,7 @@ class Upkeep:
             return
         try:
             with self._store.read() as conn:
-                live = lifecycle.live_worker_ids(conn)
+                live = roster.live_worker_ids(conn)
         except sa.exc.SQLAlchemyError as exc:
             self.log_db_error("beat files", exc)
             return
@@ -448,7 +450,7 @@ class Upkeep:
         (queue, task) once per worker, checked at start and then every few minutes."""
         self._next_coverage = time.monotonic() + COVERAGE_INTERVAL
         try:
-            fresh = self._store.heartbeat_fresh(self._options.stale_after, self._clock())
+            fresh = roster.heartbeat_fresh(self._store, self._options.stale_after, self._clock())
             with self._store.read() as conn:
                 cover = queries.coverage(conn, fresh)
         except sa.exc.SQLAlchemyError as exc:
@@ -468,14 +470,14 @@ class Upkeep:
         self._next_expiry = time.monotonic() + EXPIRY_INTERVAL
         within = self._options.heartbeat_interval
         try:
-            fresh = self._store.heartbeat_fresh(self._options.stale_after, self._clock())
+            fresh = roster.heartbeat_fresh(self._store, self._options.stale_after, self._clock())
             with self._store.read() as conn:
                 unserved = [(u.queue, u.task) for u in queries.coverage(conn, fresh).unserved]
             if not unserved:
                 return []
             now = self._clock()
             ended = self._store.run_finishing(
-                lambda conn: lifecycle.expire_pending(conn, now, unserved),
+                lambda conn: transitions.expire_pending(conn, now, unserved),
                 lambda ids: ids,
                 within=within,
             )
