@@ -180,6 +180,23 @@ class UnknownSchedule(SQLQueueError, LookupError):
         )
 
 
+class InvalidTransition(SQLQueueError, ValueError):
+    """An operation that does not apply to a job in its current state (replaying a
+    running job, cancelling a finished one...): the whole batch is refused and nothing
+    changes. A ``ValueError``, as it was before it joined this tree."""
+
+
+class UpcastError(SQLQueueError, ValueError):
+    """A job's stored arguments cannot be brought to its task's version: no upcaster
+    for a step, or one that raised or returned something else than ``(args, kwargs)``.
+    The attempt is not run and the job goes dead (docs/versions.md)."""
+
+
+class NewerVersion(SQLQueueError, ValueError):
+    """A job was written for a later version of its task than the one this worker has
+    (a producer deployed before the workers): it waits for a worker that has it."""
+
+
 class SchemaError(SQLQueueError):
     """The queue's tables are missing or older than this version of flask_sqlqueue."""
 

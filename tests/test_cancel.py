@@ -13,10 +13,10 @@ from flask_sqlqueue import current_job
 from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import roster
 from flask_sqlqueue.core import transitions
-from flask_sqlqueue.core.actions import InvalidTransition
 from flask_sqlqueue.core.context import JobContext
 from flask_sqlqueue.core.worker import Worker
 from flask_sqlqueue.core.worker.attempt import Attempt
+from flask_sqlqueue.exceptions import InvalidTransition
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import control_app as c
 from tests.control_app import control_app  # noqa: F401  (fixture)

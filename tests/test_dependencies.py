@@ -30,10 +30,10 @@ from flask_sqlqueue.core import operations
 from flask_sqlqueue.core import retention
 from flask_sqlqueue.core import roster
 from flask_sqlqueue.core import transitions
-from flask_sqlqueue.core.actions import InvalidTransition
 from flask_sqlqueue.core.claim import claim_job
 from flask_sqlqueue.core.models import dependencies
 from flask_sqlqueue.core.models import jobs
+from flask_sqlqueue.exceptions import InvalidTransition
 from flask_sqlqueue.exceptions import NoJobContext
 from flask_sqlqueue.testing import assert_enqueued
 from flask_sqlqueue.testing import drain

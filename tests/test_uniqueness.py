@@ -396,7 +396,7 @@ def replay_doors(app: Flask) -> dict[str, Any]:
 def test_a_replay_whose_key_another_live_job_holds_is_refused_naming_it(
     app: Flask, door: str
 ) -> None:
-    from flask_sqlqueue.core.actions import InvalidTransition
+    from flask_sqlqueue.exceptions import InvalidTransition
 
     dead, holder = dead_then_replaced(app)
     with pytest.raises(InvalidTransition) as refused:
@@ -411,7 +411,7 @@ def test_a_replay_whose_key_another_live_job_holds_is_refused_naming_it(
 
 def test_a_replay_takes_its_key_back_from_a_holder_that_finished(app: Flask) -> None:
     from flask_sqlqueue.core import operations
-    from flask_sqlqueue.core.actions import InvalidTransition
+    from flask_sqlqueue.exceptions import InvalidTransition
 
     dead, holder = dead_then_replaced(app)
     drain(app)  # the holder dies too, still holding the key

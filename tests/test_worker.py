@@ -35,6 +35,7 @@ from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.store import Store
+from flask_sqlqueue.exceptions import InvalidTransition
 from tests import sample_app
 from tests.waiting import WAIT
 from tests.waiting import wait_for
@@ -295,7 +296,7 @@ def test_attempts_spent_goes_dead_and_replay_runs_again(ctx: Flask, tmp_path: Pa
     done = sample_app.add.enqueue(1, 1)
     burst(ctx)
     store = store_of(ctx)
-    with pytest.raises(actions.InvalidTransition):
+    with pytest.raises(InvalidTransition):
         store.run_write(lambda conn: actions.replay(conn, [fixable.id, done.id], utcnow()))
     assert fixable.refresh().status is JobStatus.DEAD
 

@@ -36,13 +36,13 @@ from ..core import queries
 from ..core import queues
 from ..core import retention
 from ..core import roster
-from ..core.actions import InvalidTransition
 from ..core.audit import Audit
 from ..core.jobs import unreadable_note
 from ..core.models import JobStatus
 from ..core.retries import retry_plan
 from ..core.tags import check_tag
 from ..core.tasks import task_timeouts
+from ..exceptions import InvalidTransition
 from ..exceptions import SQLQueueError
 from ..exceptions import UnknownSchedule
 from . import csrf

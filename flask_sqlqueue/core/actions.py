@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..exceptions import SQLQueueError
+from ..exceptions import InvalidTransition
 from ..exceptions import ids_text
 from . import dependencies
 from . import retention
@@ -34,10 +34,6 @@ PENDING = JobStatus.PENDING.value
 RUNNING = JobStatus.RUNNING.value
 DEAD = JobStatus.DEAD.value
 CANCELLED = JobStatus.CANCELLED.value
-
-
-class InvalidTransition(SQLQueueError, ValueError):
-    """An operation that does not apply to a job in its current state."""
 
 
 def _lock_rows(conn: Connection, ids: Sequence[int]) -> dict[int, str]:

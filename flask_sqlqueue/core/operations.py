@@ -28,6 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..exceptions import InvalidTransition
 from . import actions
 from . import audit as audit_log
 from . import bigpayloads
@@ -36,7 +37,6 @@ from . import queries
 from . import queues
 from . import roster
 from .actions import Cancellation
-from .actions import InvalidTransition
 from .audit import Audit
 from .enqueue import Call
 from .enqueue import EnqueueOptions

@@ -245,8 +245,8 @@ class Task(Generic[P, R]):
         """The stored arguments of a job written for version ``stored`` of this task, as
         this version takes them (plain JSON still: :meth:`decode` comes after).
 
-        :raises ~flask_sqlqueue.core.versions.NewerVersion: ``stored`` is later than this.
-        :raises ~flask_sqlqueue.core.versions.UpcastError: an upcaster is missing or fails.
+        :raises ~flask_sqlqueue.exceptions.NewerVersion: ``stored`` is later than this.
+        :raises ~flask_sqlqueue.exceptions.UpcastError: an upcaster is missing or fails.
         """
         if stored == self.version:
             return args, kwargs

@@ -16,21 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigurationError
+from ..exceptions import NewerVersion
 from ..exceptions import PayloadError
+from ..exceptions import UpcastError
 from .payload import check
 
 #: ``(args, kwargs) -> (args, kwargs)``: the arguments of one version as those of the next.
 Upcaster = Callable[[list[Any], dict[str, Any]], "tuple[list[Any], dict[str, Any]]"]
-
-
-class UpcastError(ValueError):
-    """A job's stored arguments cannot be brought to its task's version: no upcaster
-    for a step, or one that raised or returned something else than ``(args, kwargs)``."""
-
-
-class NewerVersion(ValueError):
-    """A job was written for a later version of its task than the one this worker has
-    (a producer deployed before the workers): it waits for a worker that has it."""
 
 
 def check_versions(task: str, version: object, upcast: object) -> dict[int, Upcaster]:

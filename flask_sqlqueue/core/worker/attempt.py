@@ -23,7 +23,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ...exceptions import NewerVersion
 from ...exceptions import Snooze
+from ...exceptions import UpcastError
 from .. import signals
 from .. import transitions
 from ..aio import run_to_end
@@ -34,8 +36,6 @@ from ..isolation import RuntimeLoader
 from ..jobs import ClaimedJob
 from ..payload import decode_call
 from ..tasks import Task
-from ..versions import NewerVersion
-from ..versions import UpcastError
 from .options import WorkerOptions
 
 if TYPE_CHECKING:
