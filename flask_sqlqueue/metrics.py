@@ -90,7 +90,7 @@ class QueueCollector(Collector):
         now = store.now()
         with store.read() as conn:
             by_queue = queries.status(conn, now)
-            eligible = dict(
+            eligible: dict[str, int] = dict(
                 conn.execute(
                     sa.select(jobs.c.queue, sa.func.count())
                     .where(jobs.c.status == JobStatus.PENDING.value, jobs.c.run_at <= now)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from collections.abc import Collection
 from collections.abc import Iterator
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from contextlib import contextmanager
 from datetime import UTC
 from datetime import datetime
@@ -177,7 +178,7 @@ class Store:
 
     # -- transactions -----------------------------------------------------------------
 
-    def write(self) -> Any:
+    def write(self) -> AbstractContextManager[Connection]:
         """A write transaction (``BEGIN IMMEDIATE`` on SQLite).
 
         :raises DatabaseFileChanged: the SQLite file was deleted or replaced since this
@@ -213,7 +214,7 @@ class Store:
         """Write transactions on one connection kept between them (see :class:`Writer`)."""
         return Writer(self)
 
-    def read(self) -> Any:
+    def read(self) -> AbstractContextManager[Connection]:
         """A short read-only transaction that never waits for writers."""
         return self.read_engine.begin()
 
