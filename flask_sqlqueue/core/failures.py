@@ -16,6 +16,8 @@ from datetime import datetime
 from datetime import timedelta
 from traceback import TracebackException
 from typing import Any
+from typing import NotRequired
+from typing import TypedDict
 
 from ..bounds import LATEST_RUN_AT
 from ..bounds import longest_delay
@@ -86,9 +88,25 @@ MAX_ERROR_HISTORY = 1_000_000
 _SHORT_MESSAGE = 200
 
 
+class ErrorRecord(TypedDict):
+    """One failed attempt in a job's ``errors`` history (a JSON list of them)."""
+
+    attempt: int
+    #: The exception's type, or ``WorkerLost``, ``Quarantined``, ``Expired``...
+    type: str
+    message: str
+    traceback: str
+    #: The worker that ran the attempt.
+    worker: str | None
+    #: When it failed, as ISO 8601 text.
+    at: str
+    #: Set on a rescue's record once its worker reported in again (core/roster.py).
+    came_back: NotRequired[bool]
+
+
 def error_record(
     attempt: int, kind: str, message: str, traceback: str, worker_id: str | None, now: datetime
-) -> dict[str, Any]:
+) -> ErrorRecord:
     """One failed attempt as the history stores it, each text cut to its limit."""
     return {
         "attempt": attempt,
@@ -131,13 +149,13 @@ def storable_text(text: str) -> str:
     return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def summary(record: dict[str, Any]) -> str:
+def summary(record: ErrorRecord) -> str:
     """A job's ``last_error`` for ``record``: ``"Type: message"``, or the type alone."""
     return f"{record['type']}: {record['message']}" if record["message"] else record["type"]
 
 
 def appended(
-    history: str | None, record: dict[str, Any], fits: Callable[[str], bool] | None = None
+    history: str | None, record: ErrorRecord, fits: Callable[[str], bool] | None = None
 ) -> str:
     """The history with ``record`` added, bounded: at most :data:`MAX_ERRORS_KEPT`
     records and :data:`MAX_ERROR_HISTORY` bytes, and within what ``fits``."""

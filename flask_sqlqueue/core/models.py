@@ -19,6 +19,7 @@ from collections.abc import Callable
 from datetime import UTC
 from datetime import datetime
 from typing import Any
+from typing import TypedDict
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
@@ -234,6 +235,49 @@ jobs = sa.Table(
     # The admin's charts count new jobs per minute.
     sa.Index("ix_sqlqueue_jobs_created_at", "created_at"),
 )
+
+
+class JobRow(TypedDict, total=False):
+    """Values of :data:`jobs` columns as Python holds them, for the statements that
+    build a row's values in steps (a failure's, a rescue's): every key is optional, as a
+    guarded UPDATE names only the columns it changes. Values that are SQL expressions
+    (``attempts - 1``) do not fit here; those statements keep a plain dict."""
+
+    id: int
+    queue: str
+    task: str
+    payload: str
+    status: str
+    attempts: int
+    max_attempts: int
+    rescues: int
+    releases: int
+    crashes: int
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    worker_id: str | None
+    claim_token: str | None
+    last_error: str | None
+    errors: str | None
+    result: str | None
+    idempotency_key: str | None
+    cancel_requested_at: datetime | None
+    progress: float | None
+    progress_message: str | None
+    concurrency_key: str | None
+    has_dependents: bool
+    batch_id: int | None
+    tags: str | None
+    meta: str | None
+    expires_at: datetime | None
+    snoozes: int
+    unique_key: str | None
+    unique_key_freed: str | None
+
 
 #: A side effect reserved by a job: the key exists at most once, ever. No foreign key to
 #: the jobs table: reservations must outlive the pruning of old jobs, or a replay long

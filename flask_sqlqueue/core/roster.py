@@ -18,6 +18,7 @@ from datetime import datetime
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Connection
 from ..config import default
 from . import dependencies
 from . import liveness
+from .failures import ErrorRecord
 from .failures import appended
 from .failures import error_record
 from .failures import records
@@ -33,6 +35,7 @@ from .liveness import BootClock
 from .liveness import BootCutoff
 from .liveness import HeartbeatWatch
 from .liveness import elsewhere
+from .models import JobRow
 from .models import JobStatus
 from .models import jobs
 from .models import workers
@@ -207,15 +210,19 @@ def worker_came_back(
         if not mine:
             continue  # not rescued, or its record is no longer kept: nothing to take back
         index = mine[-1]
-        record = {
-            **history[index],
-            "type": WORKER_LOST,
-            "message": came_back_note(worker_id),
-            "came_back": True,
-        }
+        # A stored record, as the history holds it; the keys read below are set here.
+        record = cast(
+            ErrorRecord,
+            {
+                **history[index],
+                "type": WORKER_LOST,
+                "message": came_back_note(worker_id),
+                "came_back": True,
+            },
+        )
         history[index] = record
         crashes = row.crashes - 1
-        values: dict[str, Any] = {"crashes": crashes, "errors": dumps_trusted(history)}
+        values: JobRow = {"crashes": crashes, "errors": dumps_trusted(history)}
         status = row.status
         if row.status == DEAD and index == len(history) - 1 and crashes < max_crashes:
             # This rescue ended the job (quarantined it, or spent its last attempt).

@@ -22,8 +22,10 @@ from . import dependencies
 from .dialects import DialectOps
 from .dialects.base import COMPLETE_ONE
 from .dialects.base import complete_one_params
+from .failures import ErrorRecord
 from .failures import appended
 from .failures import summary
+from .models import JobRow
 from .models import JobStatus
 from .models import effects
 from .models import jobs
@@ -111,14 +113,14 @@ def complete_many(
 #: What an attempt that ends without completing leaves of its progress when the job
 #: goes back to pending: nothing, so that a page does not show the last attempt's 100%
 #: while the next one waits (a job that ends keeps its last attempt's, docs/progress.md).
-NO_PROGRESS: dict[str, Any] = {"progress": None, "progress_message": None}
+NO_PROGRESS: JobRow = {"progress": None, "progress_message": None}
 
 
 def fail(
     conn: Connection,
     job_id: int,
     token: str,
-    record: dict[str, Any],
+    record: ErrorRecord,
     retry_at: datetime | None,
     now: datetime,
     *,
@@ -139,19 +141,19 @@ def fail(
     ).first()
     if history is None:
         return None
-    values: dict[str, Any] = {
+    values: JobRow = {
         "last_error": summary(record),
         "errors": appended(history.errors, record, fits),
         "updated_at": now,
         "claim_token": None,
     }
     if retry_at is None:
-        values.update(status=DEAD, finished_at=now)
+        values |= {"status": DEAD, "finished_at": now}
     elif history.cancel_requested_at is not None:
         # Its cancellation was asked for: the failed attempt ends it instead of a retry.
-        values.update(status=CANCELLED, finished_at=now)
+        values |= {"status": CANCELLED, "finished_at": now}
     else:
-        values.update(status=PENDING, run_at=retry_at, **NO_PROGRESS)
+        values |= {"status": PENDING, "run_at": retry_at, **NO_PROGRESS}
     done = conn.execute(sa.update(jobs).where(_claimed(job_id, token)).values(values))
     if done.rowcount != 1:
         return None
