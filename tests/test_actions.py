@@ -17,7 +17,7 @@ from flask import Flask
 from flask import redirect
 
 from flask_sqlqueue import schema
-from flask_sqlqueue.admin import views
+from flask_sqlqueue.admin import pages
 from flask_sqlqueue.cli.base import queue_cli
 from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
@@ -290,7 +290,7 @@ def test_the_default_actor_is_the_remote_address(build: Callable[..., Admin]) ->
 def test_audit_page_lists_entries_newest_first_a_page_at_a_time(
     admin: Admin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(views, "AUDIT_PAGE", 2)
+    monkeypatch.setattr(pages, "AUDIT_PAGE", 2)
     ids = [pending_job(admin) for _ in range(3)]
     for job_id in ids:
         admin.post(f"/jobs/{job_id}/cancel")

@@ -25,7 +25,7 @@ COMMANDS = [
     ["pause", "--all"],
     ["resume", "--all"],
     ["enqueue", "echo", "--args", "[1]"],
-    ["periodic"],
+    ["schedules"],
     ["work", "--burst"],
     ["db", "current"],
     ["db", "upgrade"],

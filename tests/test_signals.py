@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from flask_sqlqueue import JobStatus
 from flask_sqlqueue import signals
 from flask_sqlqueue.core import actions
+from flask_sqlqueue.core import queries
 from flask_sqlqueue.core.logcontext import LOG_DEFAULTS
 from flask_sqlqueue.metrics import QueueMetrics
 from tests import control_app as c
@@ -218,6 +219,30 @@ def test_prometheus_metrics(control_app: Flask) -> None:  # noqa: F811
         assert value(count, {**task, "outcome": "succeeded"}) == 1
         assert value(count, {**failing, "outcome": "failed"}) == 2
         assert waiting.refresh().status is JobStatus.PENDING
+    finally:
+        metrics.close()
+
+
+def test_queue_depth_is_the_eligible_count_status_reads(control_app: Flask) -> None:  # noqa: F811
+    """The depth gauge and ``flask queue status`` (``queries.status``) count the jobs due
+    now in one place: for each queue, due, not yet due, overdue or none due, the same."""
+    app = control_app
+    metrics = QueueMetrics(app)
+    try:
+        with app.app_context():
+            c.add.enqueue(1, 2)
+            c.add.enqueue(3, 4)
+            c.add.using(queue="slow", delay=3600).enqueue(5, 6)
+            overdue = c.add.using(queue="late").enqueue(7, 8)
+            c.add.using(queue="late", delay=3600).enqueue(9, 10)
+        store = c.store_of(app)
+        c.update(app, overdue.id, run_at=store.now() - timedelta(hours=1))
+        with store.read() as conn:
+            status = {row.queue: row.eligible for row in queries.status(conn, store.now())}
+        value = metrics.registry.get_sample_value
+        depth = {queue: value("sqlqueue_queue_depth", {"queue": queue}) for queue in status}
+        assert status == {"default": 2, "late": 1, "slow": 0}
+        assert depth == status
     finally:
         metrics.close()
 

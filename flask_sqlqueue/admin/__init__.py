@@ -33,6 +33,8 @@ from .. import access
 from ..core.audit import Audit
 from . import csrf
 from . import views
+from .context import Admin
+from .context import AdminBlueprint
 
 if TYPE_CHECKING:
     from ..extension import QueueExtension
@@ -74,9 +76,16 @@ def create_blueprint(
     :param actor: returns the name the audit log gives whoever acts (a user name,
         say); ``None``: the request's remote address, or ``"unknown"``.
     """
-    bp = Blueprint(
+
+    def acting() -> Audit:
+        """Who acts in this request, for the audit log."""
+        name = actor() if actor is not None else None
+        return Audit(name if name is not None else (request.remote_addr or "unknown"))
+
+    bp = AdminBlueprint(
         NAME,
         __name__,
+        Admin(queue, acting),
         template_folder="templates",
         static_folder="static",
         static_url_path="/static",
@@ -106,11 +115,6 @@ def create_blueprint(
             g.sqlqueue_may_write = authorize_write() is True
         return bool(g.sqlqueue_may_write)
 
-    def acting() -> Audit:
-        """Who acts in this request, for the audit log."""
-        name = actor() if actor is not None else None
-        return Audit(name if name is not None else (request.remote_addr or "unknown"))
-
     @bp.context_processor
     def _notice() -> dict[str, Any]:
         return {"sqlqueue_notice": notice, "can_write": may_write()}
@@ -127,7 +131,7 @@ def create_blueprint(
                 response.headers["Cache-Control"] = "no-store"
         return response
 
-    views.register(bp, queue, acting)
+    views.register(bp)
     return bp
 
 

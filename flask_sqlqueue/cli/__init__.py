@@ -2,8 +2,9 @@
 
 ``flask_sqlqueue.SQLQueue.init_app`` adds :data:`queue_cli` to the app's commands. A
 module per theme adds its commands to the group: ``work``, ``inspecting`` (status, list,
-show, periodic, doctor), ``acting`` (retry, cancel, purge, rescue, pause, resume,
-enqueue), ``schedules`` (list, disable, enable, run) and ``db``.
+show, doctor), ``acting`` (retry, cancel, purge, rescue, pause, resume, enqueue),
+``schedules`` (list, disable, enable, run; ``periodic``, its deprecated old name) and
+``db``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Commands that read: ``status``, ``list``, ``show``, ``periodic``, ``doctor``."""
+"""Commands that read: ``status``, ``list``, ``show``, ``doctor``."""
 
 from __future__ import annotations
 
@@ -467,40 +467,6 @@ def _timeout_text(timeout: float | None, isolate: bool) -> str:
         return "none (each attempt runs in a child process)"
     where = "its child process is killed" if isolate else "enforced only with --processes"
     return f"{timeout:g}s ({where})"
-
-
-@queue_cli.command("periodic")
-@clean_errors
-def periodic_command() -> None:
-    """List periodic tasks: schedule, next run (its time zone and UTC), last slot enqueued.
-
-    Every running worker (not --burst) enqueues each slot once; see docs/periodic.md.
-
-    \b
-    Example:
-      flask queue periodic
-    """
-    state = app_state()
-    infos = periodic.describe(state.store, state.registry)
-    if not infos:
-        click.echo("No periodic tasks; declare one with @queue.periodic('*/5 * * * *').")
-        return
-    rows = [
-        [
-            info.schedule.task,
-            info.schedule.expression,
-            info.schedule.timezone,
-            format_time(info.next_run_local) or ("never" if info.enabled else "disabled"),
-            format_time(info.next_run) or ("never" if info.enabled else "disabled"),
-            format_time(info.last_slot) or "-",
-            info.queue,
-            "yes" if info.schedule.backfill else "no",
-        ]
-        for info in infos
-    ]
-    headers = ["task", "schedule", "timezone", "next run (local)", "next run (UTC)"]
-    headers += ["last slot (UTC)", "queue", "backfill"]
-    click.echo(format_table(headers, rows))
 
 
 @queue_cli.command("doctor")

@@ -1,5 +1,7 @@
 """``flask queue schedules``: list the periodic schedules, disable and enable them for
-every worker, and run one now; through ``core.operations`` (as the admin's buttons)."""
+every worker, and run one now; through ``core.operations`` (as the admin's buttons).
+``flask queue periodic``, the listing's old name, still lists them, with a deprecation
+note on stderr."""
 
 from __future__ import annotations
 
@@ -35,6 +37,24 @@ def schedules_cli(ctx: click.Context) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
+    _list_schedules()
+
+
+@queue_cli.command(
+    "periodic", deprecated="Use 'flask queue schedules', which lists the same schedules."
+)
+@clean_errors
+def periodic_command() -> None:
+    """List periodic schedules, as ``flask queue schedules`` does (its old name).
+
+    \b
+    Example:
+      flask queue schedules
+    """
+    _list_schedules()
+
+
+def _list_schedules() -> None:
     state = app_state()
     infos = periodic.describe(state.store, state.registry)
     if not infos:
