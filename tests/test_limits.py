@@ -40,8 +40,6 @@ from tests import limits_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import query
-from tests.test_pause import lapp  # noqa: F401  (fixture)
-from tests.test_pause import make_lapp  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 from tests.workers import running
 
@@ -136,7 +134,7 @@ def keys(database_uri: str) -> list[tuple[str, str | None]]:
     return query(database_uri, "SELECT task, concurrency_key FROM sqlqueue_jobs ORDER BY id")  # type: ignore[return-value]
 
 
-def test_the_key_is_computed_at_enqueue(lapp: Flask, database_uri: str) -> None:  # noqa: F811
+def test_the_key_is_computed_at_enqueue(lapp: Flask, database_uri: str) -> None:
     long = "k" * 300
     with lapp.app_context():
         limits_app.per_account.enqueue("acme", 0.5)
@@ -170,7 +168,7 @@ def failing_key(account: str) -> str:
     ],
 )
 def test_a_bad_key_is_a_clear_error_and_nothing_is_written(
-    lapp: Flask,  # noqa: F811
+    lapp: Flask,
     database_uri: str,
     key: Callable[..., object],
     error: type[Exception],
@@ -197,7 +195,7 @@ def test_a_bad_key_is_a_clear_error_and_nothing_is_written(
 # -- the claim ------------------------------------------------------------------------------------
 
 
-def test_a_concurrency_limit_of_one_holds_across_claims(lapp: Flask) -> None:  # noqa: F811
+def test_a_concurrency_limit_of_one_holds_across_claims(lapp: Flask) -> None:
     with lapp.app_context():
         first, second, _ = (limits_app.serial.enqueue(0).id for _ in range(3))
     assert claim(lapp, 5, worker="a") == [first]
@@ -206,7 +204,7 @@ def test_a_concurrency_limit_of_one_holds_across_claims(lapp: Flask) -> None:  #
     assert claim(lapp, 5, worker="b") == [second]
 
 
-def test_per_key_limits_let_different_keys_run_together(lapp: Flask) -> None:  # noqa: F811
+def test_per_key_limits_let_different_keys_run_together(lapp: Flask) -> None:
     with lapp.app_context():
         a1, a2 = (limits_app.per_account.enqueue("a").id for _ in range(2))
         b1, _ = (limits_app.per_account.enqueue("b").id for _ in range(2))
@@ -218,7 +216,7 @@ def test_per_key_limits_let_different_keys_run_together(lapp: Flask) -> None:  #
     assert sorted(claim(lapp, 10)) == sorted([a2, c3])
 
 
-def test_a_full_bucket_does_not_starve_the_jobs_behind_it(lapp: Flask) -> None:  # noqa: F811
+def test_a_full_bucket_does_not_starve_the_jobs_behind_it(lapp: Flask) -> None:
     with lapp.app_context():
         running = limits_app.serial.using(priority=5).enqueue(0).id
         assert claim(lapp, 1) == [running]
@@ -231,7 +229,7 @@ def test_a_full_bucket_does_not_starve_the_jobs_behind_it(lapp: Flask) -> None: 
     assert claim(lapp, 10) == others[1:]
 
 
-def test_a_rate_limit_holds_its_window(lapp: Flask, database_uri: str) -> None:  # noqa: F811
+def test_a_rate_limit_holds_its_window(lapp: Flask, database_uri: str) -> None:
     with lapp.app_context():
         a1, _ = (limits_app.hourly.enqueue("a").id for _ in range(2))
         b1 = limits_app.hourly.enqueue("b").id
@@ -243,7 +241,7 @@ def test_a_rate_limit_holds_its_window(lapp: Flask, database_uri: str) -> None: 
     assert windows == [(1,), (1,)]
 
 
-def test_a_paused_queue_is_not_claimed_by_a_limited_claim(lapp: Flask) -> None:  # noqa: F811
+def test_a_paused_queue_is_not_claimed_by_a_limited_claim(lapp: Flask) -> None:
     with lapp.app_context():
         report = limits_app.report.enqueue(1).id
         serial = limits_app.serial.enqueue(0).id
@@ -272,7 +270,7 @@ def assert_never_overlap(runs: list[dict[str, Any]], what: str) -> None:
 
 @pytest.mark.slow
 def test_four_worker_processes_never_exceed_the_limits(
-    lapp: Flask,  # noqa: F811
+    lapp: Flask,
     database_uri: str,
     tmp_path: Path,
 ) -> None:
@@ -370,7 +368,7 @@ def released() -> Iterator[threading.Event]:
 
 
 def test_a_worker_keeps_running_other_tasks_while_a_bucket_is_full(
-    lapp: Flask,  # noqa: F811
+    lapp: Flask,
     database_uri: str,
     released: threading.Event,
 ) -> None:
@@ -392,7 +390,7 @@ def test_a_worker_keeps_running_other_tasks_while_a_bucket_is_full(
         wait_for(lambda: all(status()[i] == "completed" for i in blocked), "the held jobs")
 
 
-def test_status_and_admin_show_limits_per_key(lapp: Flask) -> None:  # noqa: F811
+def test_status_and_admin_show_limits_per_key(lapp: Flask) -> None:
     with lapp.app_context():
         for account in ("acme", "acme", "globex"):
             limits_app.per_account.enqueue(account)

@@ -30,13 +30,14 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import signals
 from flask_sqlqueue.core import lifecycle
 from flask_sqlqueue.core.models import jobs
-from flask_sqlqueue.core.store import Store
 from flask_sqlqueue.processes import AppLoader
 from flask_sqlqueue.testing import drain
 from flask_sqlqueue.testing import eager
 from tests import outcomes_app as tasks
 from tests.conftest import flask_env
 from tests.conftest import query
+from tests.stores import burst
+from tests.stores import store_of
 from tests.test_processes import FLASK
 from tests.test_processes import side_lines
 from tests.test_processes import spawn
@@ -56,15 +57,6 @@ def oapp(make_app: Any, database_uri: str) -> Iterator[Flask]:
     app = tasks.create_app({"SQLQUEUE_DATABASE_URI": database_uri})
     yield app
     app.extensions["sqlqueue"].store.engine.dispose()
-
-
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
-def burst(app: Flask, **options: Any) -> None:
-    options.setdefault("grace", 1.0)
-    run_burst(tasks.queue.worker(WorkerOptions(**options), app), timeout=WAIT)
 
 
 def too_large(app: Flask, backend: str) -> int:

@@ -47,7 +47,7 @@ from tests import sample_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import install_schema
-from tests.control_app import control_app  # noqa: F401  (fixture)
+from tests.stores import store_of
 from tests.waiting import WAIT
 from tests.waiting import scaled
 from tests.waiting import wait_for
@@ -95,10 +95,6 @@ def waiting(app: Flask, job: Job, **options: Any) -> Iterator[Waiter]:
         assert waiter.ended(options["timeout"] + WAIT), "the wait never returned"
 
 
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
 def woken(waiter: Waiter, since: float) -> Job:
     """The job the wait returned, promptly after ``since`` (not at a poll: none comes)."""
     assert waiter.ended(scaled(10)), "the wait did not return: no wake-up"
@@ -111,7 +107,7 @@ def woken(waiter: Waiter, since: float) -> Job:
 # -- a job finished already, timeouts, bad arguments -----------------------------------------
 
 
-def test_wait_returns_a_finished_job_refreshed(control_app: Flask) -> None:  # noqa: F811
+def test_wait_returns_a_finished_job_refreshed(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         done = c.add.enqueue(2, 3)
@@ -132,7 +128,7 @@ def test_wait_returns_a_finished_job_refreshed(control_app: Flask) -> None:  # n
     assert again is not None and again.wait().result == 5
 
 
-def test_wait_times_out(control_app: Flask) -> None:  # noqa: F811
+def test_wait_times_out(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)
@@ -164,7 +160,7 @@ def test_wait_times_out(control_app: Flask) -> None:  # noqa: F811
     ],
 )
 def test_wait_refuses_bad_arguments(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
     options: dict[str, Any],
     error: type[Exception],
     message: str,
@@ -178,7 +174,7 @@ def test_wait_refuses_bad_arguments(
     assert not store_of(control_app).waiters._events  # refused before waiting
 
 
-def test_a_job_deleted_while_waited_for_raises_lookup_error(control_app: Flask) -> None:  # noqa: F811
+def test_a_job_deleted_while_waited_for_raises_lookup_error(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)
@@ -191,7 +187,7 @@ def test_a_job_deleted_while_waited_for_raises_lookup_error(control_app: Flask) 
     assert str(waiter.error) == f"Job {job.id} no longer exists."
 
 
-def test_a_wait_rechecks_the_database_if_no_wake_up_comes(control_app: Flask) -> None:  # noqa: F811
+def test_a_wait_rechecks_the_database_if_no_wake_up_comes(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)
@@ -217,7 +213,7 @@ def _resume(app: Flask) -> None:
         c.queue.resume("default")
 
 
-def test_a_worker_completing_the_job_wakes_the_waiter(control_app: Flask) -> None:  # noqa: F811
+def test_a_worker_completing_the_job_wakes_the_waiter(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.waits.enqueue("finished")
@@ -230,7 +226,7 @@ def test_a_worker_completing_the_job_wakes_the_waiter(control_app: Flask) -> Non
     assert job.status is JobStatus.COMPLETED
 
 
-def test_a_batch_of_completions_wakes_every_waiter(control_app: Flask) -> None:  # noqa: F811
+def test_a_batch_of_completions_wakes_every_waiter(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         c.queue.pause("default")
@@ -275,7 +271,7 @@ DOORS: dict[str, tuple[Callable[[Flask], Job], Callable[[Flask, Job], None], Job
 
 
 @pytest.mark.parametrize("door", list(DOORS))
-def test_every_write_that_ends_a_job_wakes_its_waiter(control_app: Flask, door: str) -> None:  # noqa: F811
+def test_every_write_that_ends_a_job_wakes_its_waiter(control_app: Flask, door: str) -> None:
     app = control_app
     make, finish, status, worker = DOORS[door]
     job = make(app)
@@ -287,7 +283,7 @@ def test_every_write_that_ends_a_job_wakes_its_waiter(control_app: Flask, door: 
     assert woken(waiter, finishing).status is status
 
 
-def test_a_running_job_stopped_by_its_cancellation_wakes_the_waiter(control_app: Flask) -> None:  # noqa: F811
+def test_a_running_job_stopped_by_its_cancellation_wakes_the_waiter(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.until_cancelled.enqueue()
@@ -300,7 +296,7 @@ def test_a_running_job_stopped_by_its_cancellation_wakes_the_waiter(control_app:
 
 
 def test_a_job_handed_back_at_shutdown_after_its_cancellation_wakes_the_waiter(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
 ) -> None:
     app = control_app
     with app.app_context():
@@ -492,7 +488,7 @@ def c_statements(store: Store) -> Iterator[list[str]]:
 # -- asyncio ---------------------------------------------------------------------------------
 
 
-def test_aenqueue_and_async_wait(control_app: Flask) -> None:  # noqa: F811
+def test_aenqueue_and_async_wait(control_app: Flask) -> None:
     app = control_app
 
     async def produce_and_wait() -> list[Any]:
@@ -513,7 +509,7 @@ def test_aenqueue_and_async_wait(control_app: Flask) -> None:  # noqa: F811
         ]
 
 
-def test_aenqueue_runs_in_the_callers_app_context(control_app: Flask) -> None:  # noqa: F811
+def test_aenqueue_runs_in_the_callers_app_context(control_app: Flask) -> None:
     # As enqueue: without an app context there is no queue to write to.
     with pytest.raises(QueueNotSetUp):
         asyncio.run(c.add.aenqueue(1, 2))
@@ -522,7 +518,7 @@ def test_aenqueue_runs_in_the_callers_app_context(control_app: Flask) -> None:  
     assert job.refresh().status is JobStatus.PENDING
 
 
-def test_async_wait_is_woken_without_polling(control_app: Flask) -> None:  # noqa: F811
+def test_async_wait_is_woken_without_polling(control_app: Flask) -> None:
     app = control_app
     job = _held(app, c.add, 20, 22)
     resumed: list[float] = []
@@ -540,7 +536,7 @@ def test_async_wait_is_woken_without_polling(control_app: Flask) -> None:  # noq
     assert time.monotonic() - resumed[0] < scaled(10)
 
 
-def test_an_async_wait_times_out_or_is_cancelled_and_leaves_nothing(control_app: Flask) -> None:  # noqa: F811
+def test_an_async_wait_times_out_or_is_cancelled_and_leaves_nothing(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)
