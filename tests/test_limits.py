@@ -13,7 +13,6 @@ import json
 import math
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -37,10 +36,10 @@ from flask_sqlqueue.core.limits import window_start
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
 from tests import limits_app
-from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import query
 from tests.waiting import wait_for
+from tests.workers import queue_work
 from tests.workers import running
 
 Q = limits_app.queue
@@ -255,9 +254,6 @@ def test_a_paused_queue_is_not_claimed_by_a_limited_claim(lapp: Flask) -> None:
 # -- four worker processes ---------------------------------------------------------------------
 
 
-FLASK = [sys.executable, "-m", "flask"]
-
-
 def overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return bool(a["start"] < b["end"] and b["start"] < a["end"])
 
@@ -276,14 +272,14 @@ def test_four_worker_processes_never_exceed_the_limits(
 ) -> None:
     env = {**flask_env(database_uri), "FLASK_APP": "tests.limits_app:create_app"}
     env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (see below)
-    command = [*FLASK, "queue", "work", "--poll-interval", "0.05", "--concurrency", "2"]
+    args = ("--poll-interval", "0.05", "--concurrency", "2")
     with ExitStack() as stack:
         procs = []
         for n in range(4):
-            out = stack.enter_context(open(tmp_path / f"worker{n}.out", "wb"))
-            proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
-            stack.callback(_kill, proc)
-            procs.append(proc)
+            output = tmp_path / f"worker{n}.out"
+            procs.append(
+                stack.enter_context(queue_work(database_uri, *args, env=env, output=output))
+            )
 
         def live_workers() -> int:
             with lapp.extensions["sqlqueue"].store.read() as conn:
@@ -349,12 +345,6 @@ def _wait_or_dump(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
         proc.send_signal(signal.SIGABRT)
         proc.wait(timeout=10)
         return None
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
 
 
 # -- a worker keeps serving other tasks ---------------------------------------------------------

@@ -38,13 +38,13 @@ from tests.conftest import flask_env
 from tests.conftest import query
 from tests.stores import burst
 from tests.stores import store_of
-from tests.test_processes import FLASK
 from tests.test_processes import side_lines
-from tests.test_processes import spawn
-from tests.test_processes import wait_exit
 from tests.test_resilience import running_worker
 from tests.test_timeouts import wait_until
+from tests.workers import FLASK
 from tests.workers import run_burst
+from tests.workers import spawn
+from tests.workers import wait_exit
 
 APP = "tests.outcomes_app:create_app"
 WAIT = 60.0  # upper bound, in seconds, of every wait here (a loaded 2-core machine)

@@ -45,13 +45,14 @@ from flask_sqlqueue.core.store import Store
 from tests import control_app as c
 from tests import sample_app
 from tests.conftest import ROOT
-from tests.conftest import flask_env
 from tests.conftest import install_schema
 from tests.stores import store_of
 from tests.waiting import WAIT
 from tests.waiting import scaled
 from tests.waiting import wait_for
+from tests.workers import queue_work
 from tests.workers import running
+from tests.workers import stop
 
 #: A waiter's poll interval that no test waits out: only a wake-up returns it in time.
 NEVER = 10 * WAIT
@@ -323,15 +324,8 @@ def test_a_worker_in_another_process_wakes_the_waiter(make_app: Any, database_ur
     with app.app_context():
         sample_app.queue.pause("default")
         job = sample_app.add.enqueue(20, 22)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "flask", "queue", "work", "--poll-interval", "0.05"],
-        env=flask_env(database_uri),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+    with queue_work(database_uri, "--poll-interval", "0.05", **quiet) as worker:
         with waiting(app, job) as waiter:
             wait_for(lambda: _worker_listed(app), "the worker process to start")
             resumed = time.monotonic()
@@ -339,9 +333,7 @@ def test_a_worker_in_another_process_wakes_the_waiter(make_app: Any, database_ur
                 sample_app.queue.resume("default")
             # That process completes the job; the wake-up crosses to this one.
             assert woken(waiter, resumed).result == 42
-    finally:
-        worker.terminate()
-        _, err = worker.communicate(timeout=WAIT)
+        err = stop(worker)
     assert worker.returncode == 0, err
 
 
