@@ -235,6 +235,7 @@ def pause_until_rescued(worker: subprocess.Popen[str], database_uri: str) -> Non
     raise AssertionError("no rescue took the paused worker's job")
 
 
+@pytest.mark.slow
 def test_a_worker_paused_three_times_spends_no_crash(
     app: Flask, database_uri: str, tmp_path: Path
 ) -> None:
@@ -267,6 +268,7 @@ def paused_worker(database_uri: str) -> Any:
     return worker_process(database_uri, PAUSED_WORKER)
 
 
+@pytest.mark.slow
 def test_a_quarantine_by_paused_workers_is_taken_back_when_they_return(
     app: Flask, database_uri: str, tmp_path: Path
 ) -> None:

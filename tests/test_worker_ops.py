@@ -543,6 +543,7 @@ def test_an_idle_process_worker_stops_at_sigterm_with_its_children_and_port(
         get(port, "/healthz")
 
 
+@pytest.mark.slow
 @pytest.mark.sqlite_only
 def test_idle_connections_to_the_worker_port_are_bounded_and_timed_out(
     make_app: Any, database_uri: str
