@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -101,10 +102,10 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def worker_process(database_uri: str, script: str) -> Any:
+def worker_process(database_uri: str, script: str) -> AbstractContextManager[subprocess.Popen[str]]:
     """A worker process running ``script`` on the test's database, for a ``with`` block
     that ends it with SIGKILL if it still runs."""
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
     return spawn([sys.executable, "-c", script], flask_env(database_uri), **quiet)
 
 
@@ -264,7 +265,7 @@ def test_a_worker_paused_three_times_spends_no_crash(
     assert [line.split()[1] for line in lines(path)] == ["1", "2", "3", "4"]
 
 
-def paused_worker(database_uri: str) -> Any:
+def paused_worker(database_uri: str) -> AbstractContextManager[subprocess.Popen[str]]:
     return worker_process(database_uri, PAUSED_WORKER)
 
 

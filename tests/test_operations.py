@@ -157,7 +157,7 @@ def doors(wake_uri: str) -> Iterator[Doors]:
     )
     sample_app.queue.upgrade_database(app=app)
     command = [sys.executable, "-c", WORKER, str(POLL)]
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
     with spawn(command, flask_env(wake_uri), **quiet) as worker:
         found = Doors(app, worker)
         try:

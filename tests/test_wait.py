@@ -324,7 +324,7 @@ def test_a_worker_in_another_process_wakes_the_waiter(make_app: Any, database_ur
     with app.app_context():
         sample_app.queue.pause("default")
         job = sample_app.add.enqueue(20, 22)
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
     with queue_work(database_uri, "--poll-interval", "0.05", **quiet) as worker:
         with waiting(app, job) as waiter:
             wait_for(lambda: _worker_listed(app), "the worker process to start")

@@ -87,7 +87,7 @@ def worker_process(
     environ = flask_env(database_uri, **env)
     if config:
         environ["FLASK_APP"] = f"tests.sample_app:create_app({config!r})"
-    pipe = {"stderr": subprocess.PIPE, "text": True}
+    pipe: dict[str, Any] = {"stderr": subprocess.PIPE, "text": True}
     with queue_work(database_uri, "--poll-interval", "0.2", *args, env=environ, **pipe) as proc:
         yield proc
         err = stop(proc)

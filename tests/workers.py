@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from contextlib import ExitStack
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,7 +105,7 @@ def queue_work(
     env: dict[str, str] | None = None,
     output: Path | None = None,
     **popen: Any,
-) -> Any:
+) -> AbstractContextManager[subprocess.Popen[Any]]:
     """``flask queue work ARGS`` on the test's database (the sample app, unless ``env``
     says otherwise), as :func:`spawn` runs it: a context manager yielding the process."""
     environ = flask_env(database_uri) if env is None else env
