@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 DOCS_STAMP := $(VENV)/.installed-docs
 
-.PHONY: demo test test-lowest lint docs venv clean
+.PHONY: demo test test-all test-lowest lint docs venv clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Python 3.11 or newer is needed (set PYTHON=...)")'
@@ -25,12 +25,20 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m example_app.demo
 
-## make test: linters, type checks, then the test suite.
+## make test: linters, type checks, then the test suite without the tests marked slow
+## (minutes of worker processes signalled, killed and paused; wheels built): the run a
+## change needs, under ten minutes on two cores. `make test SLOW=1` (or `make test-all`)
+## runs every test, as .ci/run does.
 ## PYTEST_ARGS overrides the defaults, e.g. PYTEST_ARGS="-n 0 -k worker". Four test
 ## processes on two cores: most tests wait on worker processes and database servers.
 PYTEST_ARGS ?= -n 4
+SLOW ?=
+SLOW_MARKS := $(if $(SLOW),,-m "not slow")
 test: lint $(DOCS_STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(SLOW_MARKS) $(PYTEST_ARGS)
+
+test-all:
+	$(MAKE) test SLOW=1
 
 ## make test-lowest: the core of the suite with each direct dependency at the lowest
 ## version pyproject.toml claims (constraints-lowest.txt), in a virtualenv of its own.

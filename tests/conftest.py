@@ -34,6 +34,9 @@ from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.waiting import scaled
 
+# Fixtures that live beside the apps they build, for every test module.
+pytest_plugins = ["tests.control_app", "tests.workflow_app", "tests.limits_fixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_URL_VARS = {"postgresql": "SQLQUEUE_TEST_POSTGRES_URL", "mysql": "SQLQUEUE_TEST_MYSQL_URL"}
 BACKENDS = ("sqlite", *SERVER_URL_VARS)

@@ -27,11 +27,11 @@ from flask_sqlqueue import Worker
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
 from flask_sqlqueue.core.models import jobs
-from flask_sqlqueue.core.store import Store
 from tests.conftest import install_schema
 from tests.sample_app import queue_app
+from tests.stores import burst as burst
+from tests.stores import store_of as store_of
 from tests.waiting import WAIT
-from tests.workers import run_burst
 from tests.workers import running
 
 queue = SQLQueue()
@@ -151,10 +151,6 @@ def control_app(database_uri: str, tmp_path: Path) -> Iterator[Flask]:
     store_of(app).engine.dispose()
 
 
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
 def row(app: Flask, job_id: int) -> Any:
     with store_of(app).read() as conn:
         return conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).one()
@@ -181,11 +177,6 @@ def running_worker(app: Flask, **options: Any) -> Iterator[Worker]:
             yield worker
         finally:
             go.set()
-
-
-def burst(app: Flask, **options: Any) -> None:
-    options.setdefault("grace", 1.0)
-    run_burst(queue.worker(WorkerOptions(**options), app))
 
 
 @contextmanager

@@ -24,14 +24,10 @@ from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.store import Store
 from tests import sample_app
+from tests.stores import store_of
 from tests.waiting import WAIT
 from tests.waiting import wait_for
 from tests.workers import running
-
-
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
 
 # -- successes ride on the next claim's transaction ----------------------------------------------
 

@@ -30,8 +30,9 @@ from flask_sqlqueue.core.store import Store
 from flask_sqlqueue.exceptions import PayloadTooLarge
 from tests.conftest import install_schema
 from tests.conftest import query
-from tests.control_app import store_of
 from tests.sample_app import queue_app
+from tests.stores import burst
+from tests.stores import store_of
 from tests.workers import run_burst
 from tests.workflow_app import run_doc_example
 
@@ -75,10 +76,6 @@ def app(database_uri: str, tmp_path: Path) -> Iterator[Flask]:
     made.register_blueprint(queue.admin_blueprint(authorize=lambda: True), url_prefix="/queue")
     yield made
     store_of(made).engine.dispose()
-
-
-def burst(app: Flask) -> None:
-    run_burst(queue.worker(WorkerOptions(grace=1.0), app))
 
 
 def row_payload(database_uri: str, job_id: int) -> str:

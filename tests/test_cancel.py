@@ -19,7 +19,6 @@ from flask_sqlqueue.core.worker.attempt import Attempt
 from flask_sqlqueue.exceptions import InvalidTransition
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import control_app as c
-from tests.control_app import control_app  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 
 
@@ -29,7 +28,7 @@ def cancel_cli(app: Flask, *ids: int) -> str:
     return result.output.strip()
 
 
-def test_a_running_job_stops_when_its_task_checks(control_app: Flask) -> None:  # noqa: F811
+def test_a_running_job_stops_when_its_task_checks(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.until_cancelled.enqueue()
@@ -47,7 +46,7 @@ def test_a_running_job_stops_when_its_task_checks(control_app: Flask) -> None:  
     assert row.finished_at is not None and row.claim_token is None
 
 
-def test_a_task_may_return_when_asked_to_stop(control_app: Flask) -> None:  # noqa: F811
+def test_a_task_may_return_when_asked_to_stop(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.returns_when_cancelled.enqueue()
@@ -60,7 +59,7 @@ def test_a_task_may_return_when_asked_to_stop(control_app: Flask) -> None:  # no
     assert job.cancel_requested_at is not None
 
 
-def test_a_task_that_ignores_the_request_finishes_normally(control_app: Flask) -> None:  # noqa: F811
+def test_a_task_that_ignores_the_request_finishes_normally(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.waits.enqueue("all of it")
@@ -80,7 +79,7 @@ def test_a_task_that_ignores_the_request_finishes_normally(control_app: Flask) -
     assert "cancel requested" not in after
 
 
-def test_a_failed_attempt_after_a_request_is_not_retried(control_app: Flask) -> None:  # noqa: F811
+def test_a_failed_attempt_after_a_request_is_not_retried(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.waits_then_fails.enqueue()
@@ -95,7 +94,7 @@ def test_a_failed_attempt_after_a_request_is_not_retried(control_app: Flask) -> 
     assert job.last_error == "RuntimeError: failed after the cancel request"
 
 
-def test_pending_and_running_in_one_batch(control_app: Flask) -> None:  # noqa: F811
+def test_pending_and_running_in_one_batch(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         running = c.until_cancelled.enqueue()
@@ -112,7 +111,7 @@ def test_pending_and_running_in_one_batch(control_app: Flask) -> None:  # noqa: 
         wait_for(lambda: c.row(app, running.id).status == "cancelled")
 
 
-def test_a_finished_job_in_the_batch_refuses_all(control_app: Flask) -> None:  # noqa: F811
+def test_a_finished_job_in_the_batch_refuses_all(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         done = c.add.enqueue(1, 2)
@@ -137,7 +136,7 @@ def test_a_finished_job_in_the_batch_refuses_all(control_app: Flask) -> None:  #
         store.run_write(lambda conn: actions.cancel_jobs(conn, [done.id, also.id], store.now()))
 
 
-def test_release_and_rescue_of_a_job_asked_to_stop_end_cancelled(control_app: Flask) -> None:  # noqa: F811
+def test_release_and_rescue_of_a_job_asked_to_stop_end_cancelled(control_app: Flask) -> None:
     app = control_app
     store = c.store_of(app)
     now = store.now()
@@ -170,7 +169,7 @@ def test_release_and_rescue_of_a_job_asked_to_stop_end_cancelled(control_app: Fl
     assert c.row(app, plain.id).finished_at is None
 
 
-def test_replay_clears_the_request_and_progress(control_app: Flask) -> None:  # noqa: F811
+def test_replay_clears_the_request_and_progress(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.until_cancelled.enqueue()
@@ -190,7 +189,7 @@ def test_replay_clears_the_request_and_progress(control_app: Flask) -> None:  # 
     )
 
 
-def test_cancel_requested_reads_the_row_at_most_once_a_second(control_app: Flask) -> None:  # noqa: F811
+def test_cancel_requested_reads_the_row_at_most_once_a_second(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.waits.enqueue()
@@ -227,7 +226,7 @@ def test_outside_a_task_there_is_nothing_to_cancel() -> None:
         current_job.raise_if_cancelled()
 
 
-def test_admin_asks_a_running_job_to_stop(control_app: Flask) -> None:  # noqa: F811
+def test_admin_asks_a_running_job_to_stop(control_app: Flask) -> None:
     app = control_app
     app.secret_key = "test"
     app.register_blueprint(c.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q")

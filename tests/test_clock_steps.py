@@ -39,8 +39,8 @@ from tests import clock_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import query_dicts
-from tests.test_processes import spawn
-from tests.test_processes import wait_exit
+from tests.workers import spawn
+from tests.workers import wait_exit
 
 FLASK = [sys.executable, "-m", "flask"]
 HOUR = 3600.0

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from tests.waiting import scaled
 from tests.waiting import wait_for
 from tests.workers import run_burst
 from tests.workers import running
+from tests.workers import spawn
 
 # Rescues nothing itself (stale after an hour): another worker or `flask queue rescue` does.
 WORKER = (
@@ -100,31 +103,22 @@ def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def worker_process(database_uri: str, script: str) -> subprocess.Popen[str]:
-    """A worker process running ``script`` on the test's database."""
-    return subprocess.Popen(
-        [sys.executable, "-c", script],
-        env=flask_env(database_uri),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def worker_process(database_uri: str, script: str) -> AbstractContextManager[subprocess.Popen[str]]:
+    """A worker process running ``script`` on the test's database, for a ``with`` block
+    that ends it with SIGKILL if it still runs."""
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+    return spawn([sys.executable, "-c", script], flask_env(database_uri), **quiet)
 
 
 def kill_mid_job(database_uri: str, path: Path, runs: int) -> None:
     """Start a worker process, wait until it runs the hanging job (its ``runs``-th run),
     and SIGKILL it there."""
-    worker = worker_process(database_uri, WORKER)
-    try:
+    with worker_process(database_uri, WORKER) as worker:
         wait_for(
             lambda: len(lines(path)) >= runs or worker.poll() is not None, f"run {runs} to start"
         )
         assert worker.poll() is None, worker.communicate()[1]
         assert lines(path)[-1].split()[2] == str(worker.pid)
-    finally:
-        worker.send_signal(signal.SIGKILL)
-        worker.communicate(timeout=WAIT)
 
 
 def worker_thread(app: Flask) -> Any:
@@ -243,6 +237,7 @@ def pause_until_rescued(worker: subprocess.Popen[str], database_uri: str) -> Non
     raise AssertionError("no rescue took the paused worker's job")
 
 
+@pytest.mark.slow
 def test_a_worker_paused_three_times_spends_no_crash(
     app: Flask, database_uri: str, tmp_path: Path
 ) -> None:
@@ -251,8 +246,7 @@ def test_a_worker_paused_three_times_spends_no_crash(
     the crash back. Its attempts ran; the job completes, never quarantined (budget 2)."""
     path = tmp_path / "runs.txt"
     job_id = enqueue(app, crash_app.naps, str(path), 3.0)
-    worker = paused_worker(database_uri)
-    try:
+    with paused_worker(database_uri) as worker:  # SIGKILL ends it paused or not
         for attempt in (1, 2, 3):
             wait_for(
                 lambda a=attempt: len(lines(path)) >= a or worker.poll() is not None,
@@ -265,10 +259,6 @@ def test_a_worker_paused_three_times_spends_no_crash(
             worker.send_signal(signal.SIGCONT)
             wait_for(lambda: job(app, job_id).crashes == 0, f"rescue {attempt} taken back")
         wait_for(lambda: job(app, job_id).status == "completed", "the job to complete")
-    finally:
-        worker.send_signal(signal.SIGCONT)
-        worker.send_signal(signal.SIGKILL)
-        worker.communicate(timeout=WAIT)
     done = job(app, job_id)
     assert (done.attempts, done.rescues, done.crashes, done.result) == (4, 3, 0, 4)
     assert [r["type"] for r in done.errors] == ["WorkerLost"] * 3
@@ -276,10 +266,11 @@ def test_a_worker_paused_three_times_spends_no_crash(
     assert [line.split()[1] for line in lines(path)] == ["1", "2", "3", "4"]
 
 
-def paused_worker(database_uri: str) -> subprocess.Popen[str]:
+def paused_worker(database_uri: str) -> AbstractContextManager[subprocess.Popen[str]]:
     return worker_process(database_uri, PAUSED_WORKER)
 
 
+@pytest.mark.slow
 def test_a_quarantine_by_paused_workers_is_taken_back_when_they_return(
     app: Flask, database_uri: str, tmp_path: Path
 ) -> None:
@@ -288,11 +279,11 @@ def test_a_quarantine_by_paused_workers_is_taken_back_when_they_return(
     reports in: the job is pending again and completes; the first reports in: 0 crashes."""
     path = tmp_path / "runs.txt"
     job_id = enqueue(app, crash_app.naps, str(path), 3.0)
-    first, second = paused_worker(database_uri), None
-    try:
+    with ExitStack() as workers_started:
+        first = workers_started.enter_context(paused_worker(database_uri))
         wait_for(lambda: len(lines(path)) >= 1 or first.poll() is not None, "attempt 1")
         pause_until_rescued(first, database_uri)
-        second = paused_worker(database_uri)
+        second = workers_started.enter_context(paused_worker(database_uri))
         wait_for(lambda: len(lines(path)) >= 2 or second.poll() is not None, "attempt 2")
         assert lines(path)[-1].split()[2] == str(second.pid)
         pause_until_rescued(second, database_uri)
@@ -305,12 +296,6 @@ def test_a_quarantine_by_paused_workers_is_taken_back_when_they_return(
         assert job(app, job_id).crashes == 1
         first.send_signal(signal.SIGCONT)
         wait_for(lambda: job(app, job_id).crashes == 0, "the first rescue taken back")
-    finally:
-        for worker in (first, second):
-            if worker is not None:
-                worker.send_signal(signal.SIGCONT)
-                worker.send_signal(signal.SIGKILL)
-                worker.communicate(timeout=WAIT)
     done = job(app, job_id)
     assert (done.status, done.attempts, done.rescues, done.result) == ("completed", 3, 2, 3)
     assert [r["type"] for r in done.errors] == ["WorkerLost", "WorkerLost"]
@@ -329,8 +314,7 @@ def test_a_live_worker_whose_heartbeat_waits_is_not_rescued(
     assert store.beats is not None
     path = tmp_path / "runs.txt"
     job_id = enqueue(app, crash_app.naps, str(path), 3600.0)
-    worker = paused_worker(database_uri)
-    try:
+    with paused_worker(database_uri) as worker:
         wait_for(lambda: len(lines(path)) >= 1 or worker.poll() is not None, "the job to start")
         assert worker.poll() is None, worker.communicate()[1]
         with store.read() as conn:
@@ -355,10 +339,6 @@ def test_a_live_worker_whose_heartbeat_waits_is_not_rescued(
         time.sleep(1.2)
         rescued = roster.rescue(store, 1.0)
         assert [(i, status) for i, status, _ in rescued] == [(job_id, "pending")]
-    finally:
-        if worker.poll() is None:
-            worker.send_signal(signal.SIGKILL)
-            worker.communicate(timeout=WAIT)
     # The killed worker's file is swept once it is not a live worker's.
     assert store.beats.path(worker_id).exists(), sorted(store.beats.folder.iterdir())
     store.beats.prune(set(), older_than=0)

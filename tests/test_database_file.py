@@ -22,8 +22,8 @@ from tests.test_clock_steps import env_for
 from tests.test_clock_steps import started
 from tests.test_clock_steps import wait_until
 from tests.test_clock_steps import work
-from tests.test_processes import spawn
-from tests.test_processes import wait_exit
+from tests.workers import spawn
+from tests.workers import wait_exit
 
 
 @pytest.mark.slow

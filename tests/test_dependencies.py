@@ -42,7 +42,6 @@ from tests.conftest import SERVER_URL_VARS
 from tests.waiting import scaled
 from tests.waiting import wait_for
 from tests.workers import running
-from tests.workflow_app import workflow_app  # noqa: F401  (fixture)
 
 WAITING, PENDING, COMPLETED = JobStatus.WAITING, JobStatus.PENDING, JobStatus.COMPLETED
 DEAD, CANCELLED = JobStatus.DEAD, JobStatus.CANCELLED
@@ -91,7 +90,7 @@ def claimed(app: Flask, job_id: int, token: str, worker: str = "test-worker") ->
 # -- enqueueing -----------------------------------------------------------------------------
 
 
-def test_a_job_starts_waiting_and_runs_after_every_dependency(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_job_starts_waiting_and_runs_after_every_dependency(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.enqueue("a")
@@ -107,7 +106,7 @@ def test_a_job_starts_waiting_and_runs_after_every_dependency(workflow_app: Flas
     assert_order(app, {b.id: [a.id], c.id: [a.id], d.id: [b.id, c.id]})
 
 
-def test_a_job_whose_dependencies_all_completed_starts_pending(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_job_whose_dependencies_all_completed_starts_pending(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.enqueue(1)
@@ -122,7 +121,7 @@ def test_a_job_whose_dependencies_all_completed_starts_pending(workflow_app: Fla
 
 @pytest.mark.parametrize("ended", ["dead", "cancelled"])
 def test_a_dependency_that_ended_badly_cancels_the_job_at_once(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
     ended: str,
 ) -> None:
     app = workflow_app
@@ -145,7 +144,7 @@ def test_a_dependency_that_ended_badly_cancels_the_job_at_once(
     assert job.id not in w.starts(app)
 
 
-def test_unknown_dependency_ids_are_refused_and_nothing_is_written(workflow_app: Flask) -> None:  # noqa: F811
+def test_unknown_dependency_ids_are_refused_and_nothing_is_written(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.enqueue()
@@ -190,7 +189,7 @@ def test_depends_on_takes_a_list_of_jobs_and_ids(depends_on: Any, error: type) -
         w.step.using(depends_on=depends_on)
 
 
-def test_every_way_to_enqueue_takes_depends_on(workflow_app: Flask) -> None:  # noqa: F811
+def test_every_way_to_enqueue_takes_depends_on(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.enqueue("a")
@@ -205,7 +204,7 @@ def test_every_way_to_enqueue_takes_depends_on(workflow_app: Flask) -> None:  # 
     assert_order(app, {job.id: [a.id] for job in later})
 
 
-def test_a_batch_with_a_key_held_already_links_only_its_new_jobs(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_batch_with_a_key_held_already_links_only_its_new_jobs(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.enqueue("a")
@@ -221,7 +220,7 @@ def test_a_batch_with_a_key_held_already_links_only_its_new_jobs(workflow_app: F
 
 @pytest.mark.parametrize("kind", ["connection", "session"])
 def test_a_whole_graph_is_written_in_the_callers_transaction(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
     database_uri: str,
     kind: str,
 ) -> None:
@@ -250,7 +249,7 @@ def test_a_whole_graph_is_written_in_the_callers_transaction(
 # -- a dependency ends -------------------------------------------------------------------------
 
 
-def test_dependents_wait_through_their_dependencys_retries(workflow_app: Flask) -> None:  # noqa: F811
+def test_dependents_wait_through_their_dependencys_retries(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.fails_once.enqueue()
@@ -263,7 +262,7 @@ def test_dependents_wait_through_their_dependencys_retries(workflow_app: Flask) 
 
 @pytest.mark.parametrize("task", ["fails", "gives_up"])
 def test_a_dead_dependency_cancels_its_dependents_transitively(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
     task: str,
 ) -> None:
     app = workflow_app
@@ -288,7 +287,7 @@ def test_a_dead_dependency_cancels_its_dependents_transitively(
     assert not {b.id, c.id, d.id} & set(w.starts(app))
 
 
-def test_cancelling_a_waiting_or_pending_job_cancels_its_dependents(workflow_app: Flask) -> None:  # noqa: F811
+def test_cancelling_a_waiting_or_pending_job_cancels_its_dependents(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.using(delay=3600).enqueue()
@@ -308,7 +307,7 @@ def test_cancelling_a_waiting_or_pending_job_cancels_its_dependents(workflow_app
 
 
 def test_a_running_dependency_that_stops_for_its_cancellation_cancels_dependents(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
 ) -> None:
     app = workflow_app
     with app.app_context():
@@ -325,7 +324,7 @@ def test_a_running_dependency_that_stops_for_its_cancellation_cancels_dependents
 
 
 def test_a_dependent_enqueued_while_its_dependency_runs_is_released(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
 ) -> None:
     """The dependency was claimed before it had dependents: its completion (a batch
     of the worker's loop) must still see the flag the enqueue set meanwhile."""
@@ -343,7 +342,7 @@ def test_a_dependent_enqueued_while_its_dependency_runs_is_released(
     assert_order(app, {b.id: [a.id]})
 
 
-def test_each_completion_path_releases_its_dependents(workflow_app: Flask) -> None:  # noqa: F811
+def test_each_completion_path_releases_its_dependents(workflow_app: Flask) -> None:
     """The single completion (one statement, or two for a job with dependents) and the
     batch (one statement on every database while no job of it has dependents), with
     jobs with and without dependents and a lost claim in one batch."""
@@ -373,7 +372,7 @@ def test_each_completion_path_releases_its_dependents(workflow_app: Flask) -> No
 
 
 def test_two_dependencies_completing_at_once_release_their_dependent_once(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
     database_uri: str,
 ) -> None:
     """Each completion sees the other still running when it starts; the one that takes
@@ -414,7 +413,7 @@ def test_two_dependencies_completing_at_once_release_their_dependent_once(
 
 
 def test_a_dead_workers_job_with_its_attempts_spent_cancels_dependents(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
 ) -> None:
     app = workflow_app
     store = w.store_of(app)
@@ -432,7 +431,7 @@ def test_a_dead_workers_job_with_its_attempts_spent_cancels_dependents(
 # -- a person acts on a workflow ------------------------------------------------------------
 
 
-def test_replaying_a_dead_dependency_leaves_its_cancelled_dependents(workflow_app: Flask) -> None:  # noqa: F811
+def test_replaying_a_dead_dependency_leaves_its_cancelled_dependents(workflow_app: Flask) -> None:
     app = workflow_app
     w.failing.set()
     with app.app_context():
@@ -462,7 +461,7 @@ def test_replaying_a_dead_dependency_leaves_its_cancelled_dependents(workflow_ap
     assert_order(app, {b.id: [a.id], c.id: [b.id]})
 
 
-def test_a_dependency_and_its_dependent_replayed_together(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_dependency_and_its_dependent_replayed_together(workflow_app: Flask) -> None:
     app = workflow_app
     w.failing.set()
     with app.app_context():
@@ -478,7 +477,7 @@ def test_a_dependency_and_its_dependent_replayed_together(workflow_app: Flask) -
         operations.retry(w.store_of(app), [b.id])  # completed: nothing to replay
 
 
-def test_deleting_an_unfinished_dependency_cancels_its_dependents(workflow_app: Flask) -> None:  # noqa: F811
+def test_deleting_an_unfinished_dependency_cancels_its_dependents(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.using(delay=3600).enqueue()
@@ -493,7 +492,7 @@ def test_deleting_an_unfinished_dependency_cancels_its_dependents(workflow_app: 
     assert edges(app) == set()  # the edges of deleted jobs go with them
 
 
-def test_a_purged_completed_dependency_counts_as_completed(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_purged_completed_dependency_counts_as_completed(workflow_app: Flask) -> None:
     app = workflow_app
     store = w.store_of(app)
     with app.app_context():
@@ -517,7 +516,7 @@ def test_a_purged_completed_dependency_counts_as_completed(workflow_app: Flask) 
     assert edges(app) == set()
 
 
-def test_dependency_results_inside_a_task(workflow_app: Flask) -> None:  # noqa: F811
+def test_dependency_results_inside_a_task(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.enqueue(3)
@@ -537,7 +536,7 @@ def test_dependency_results_inside_a_task(workflow_app: Flask) -> None:  # noqa:
         current_job.dependency_results  # noqa: B018
 
 
-def test_drain_and_eager_mode_release_dependents(workflow_app: Flask, tmp_path: Path) -> None:  # noqa: F811
+def test_drain_and_eager_mode_release_dependents(workflow_app: Flask, tmp_path: Path) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.enqueue("a")
@@ -563,7 +562,7 @@ def test_drain_and_eager_mode_release_dependents(workflow_app: Flask, tmp_path: 
         w.store_of(eager).engine.dispose()
 
 
-def test_the_command_line_shows_waiting_jobs_and_edges(workflow_app: Flask) -> None:  # noqa: F811
+def test_the_command_line_shows_waiting_jobs_and_edges(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a = w.step.using(delay=3600).enqueue()
@@ -588,7 +587,7 @@ def test_the_command_line_shows_waiting_jobs_and_edges(workflow_app: Flask) -> N
     assert default.split()[:3] == ["default", "2", "1"]
 
 
-def test_a_downgrade_cancels_the_jobs_still_waiting(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_downgrade_cancels_the_jobs_still_waiting(workflow_app: Flask) -> None:
     app = workflow_app
     store = w.store_of(app)
     with app.app_context():
@@ -606,7 +605,7 @@ def test_a_downgrade_cancels_the_jobs_still_waiting(workflow_app: Flask) -> None
 
 
 def test_a_fan_out_larger_than_a_statement_is_released_and_cancelled(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
 ) -> None:
     app = workflow_app
     store = w.store_of(app)

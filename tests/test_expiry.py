@@ -25,9 +25,10 @@ from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import operations
 from flask_sqlqueue.core.models import jobs
-from flask_sqlqueue.core.store import Store
 from flask_sqlqueue.processes import AppLoader
 from tests import expiry_app as tasks
+from tests.stores import burst
+from tests.stores import store_of
 from tests.waiting import WAIT
 from tests.waiting import wait_for
 from tests.workers import run_burst
@@ -43,15 +44,6 @@ def eapp(make_app: Any, database_uri: str) -> Iterator[Flask]:
     app = tasks.create_app({"SQLQUEUE_DATABASE_URI": database_uri})
     yield app
     app.extensions["sqlqueue"].store.engine.dispose()
-
-
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
-def burst(app: Flask, **options: Any) -> None:
-    options.setdefault("grace", 1.0)
-    run_burst(tasks.queue.worker(WorkerOptions(**options), app), timeout=WAIT)
 
 
 def runs(path: Path) -> list[str]:

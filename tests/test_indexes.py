@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from flask import Flask
 
 from flask_sqlqueue.core import charts
 from flask_sqlqueue.core import queries
@@ -26,12 +25,8 @@ from flask_sqlqueue.core import roster
 from flask_sqlqueue.core.limits import TaskLimits
 from flask_sqlqueue.core.limits import running_counts
 from flask_sqlqueue.core.models import utcnow
-from flask_sqlqueue.core.store import Store
 from tests import sample_app
-
-
-def _store(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
+from tests.stores import store_of
 
 
 @contextmanager
@@ -86,7 +81,7 @@ def test_statements_read_the_partial_index_made_for_them(
     with app.app_context():
         sample_app.add.enqueue_many([([i, i], {}) for i in range(50)])
     call, indexes = STATEMENTS[name]
-    with _store(app).write() as conn:
+    with store_of(app).write() as conn:
         if backend == "postgresql":
             conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
         with _sent(conn) as sent:

@@ -21,13 +21,9 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.conftest import query
+from tests.stores import store_of
 from tests.test_fork import in_child
 from tests.test_wait import c_statements as engine_statements
-
-
-def store_of(app: Flask) -> Store:
-    store: Store = app.extensions["sqlqueue"].store
-    return store
 
 
 def inserts(statements: list[str]) -> list[str]:

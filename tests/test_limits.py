@@ -13,7 +13,6 @@ import json
 import math
 import signal
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -37,12 +36,10 @@ from flask_sqlqueue.core.limits import window_start
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
 from tests import limits_app
-from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import query
-from tests.test_pause import lapp  # noqa: F401  (fixture)
-from tests.test_pause import make_lapp  # noqa: F401  (fixture)
 from tests.waiting import wait_for
+from tests.workers import queue_work
 from tests.workers import running
 
 Q = limits_app.queue
@@ -138,7 +135,7 @@ def keys(database_uri: str) -> list[tuple[str, str | None]]:
     return query(database_uri, "SELECT task, concurrency_key FROM sqlqueue_jobs ORDER BY id")  # type: ignore[return-value]
 
 
-def test_the_key_is_computed_at_enqueue(lapp: Flask, database_uri: str) -> None:  # noqa: F811
+def test_the_key_is_computed_at_enqueue(lapp: Flask, database_uri: str) -> None:
     long = "k" * 300
     with lapp.app_context():
         limits_app.per_account.enqueue("acme", 0.5)
@@ -172,7 +169,7 @@ def failing_key(account: str) -> str:
     ],
 )
 def test_a_bad_key_is_a_clear_error_and_nothing_is_written(
-    lapp: Flask,  # noqa: F811
+    lapp: Flask,
     database_uri: str,
     key: Callable[..., object],
     error: type[Exception],
@@ -199,7 +196,7 @@ def test_a_bad_key_is_a_clear_error_and_nothing_is_written(
 # -- the claim ------------------------------------------------------------------------------------
 
 
-def test_a_concurrency_limit_of_one_holds_across_claims(lapp: Flask) -> None:  # noqa: F811
+def test_a_concurrency_limit_of_one_holds_across_claims(lapp: Flask) -> None:
     with lapp.app_context():
         first, second, _ = (limits_app.serial.enqueue(0).id for _ in range(3))
     assert claim(lapp, 5, worker="a") == [first]
@@ -208,7 +205,7 @@ def test_a_concurrency_limit_of_one_holds_across_claims(lapp: Flask) -> None:  #
     assert claim(lapp, 5, worker="b") == [second]
 
 
-def test_per_key_limits_let_different_keys_run_together(lapp: Flask) -> None:  # noqa: F811
+def test_per_key_limits_let_different_keys_run_together(lapp: Flask) -> None:
     with lapp.app_context():
         a1, a2 = (limits_app.per_account.enqueue("a").id for _ in range(2))
         b1, _ = (limits_app.per_account.enqueue("b").id for _ in range(2))
@@ -220,7 +217,7 @@ def test_per_key_limits_let_different_keys_run_together(lapp: Flask) -> None:  #
     assert sorted(claim(lapp, 10)) == sorted([a2, c3])
 
 
-def test_a_full_bucket_does_not_starve_the_jobs_behind_it(lapp: Flask) -> None:  # noqa: F811
+def test_a_full_bucket_does_not_starve_the_jobs_behind_it(lapp: Flask) -> None:
     with lapp.app_context():
         running = limits_app.serial.using(priority=5).enqueue(0).id
         assert claim(lapp, 1) == [running]
@@ -233,7 +230,7 @@ def test_a_full_bucket_does_not_starve_the_jobs_behind_it(lapp: Flask) -> None: 
     assert claim(lapp, 10) == others[1:]
 
 
-def test_a_rate_limit_holds_its_window(lapp: Flask, database_uri: str) -> None:  # noqa: F811
+def test_a_rate_limit_holds_its_window(lapp: Flask, database_uri: str) -> None:
     with lapp.app_context():
         a1, _ = (limits_app.hourly.enqueue("a").id for _ in range(2))
         b1 = limits_app.hourly.enqueue("b").id
@@ -245,7 +242,7 @@ def test_a_rate_limit_holds_its_window(lapp: Flask, database_uri: str) -> None: 
     assert windows == [(1,), (1,)]
 
 
-def test_a_paused_queue_is_not_claimed_by_a_limited_claim(lapp: Flask) -> None:  # noqa: F811
+def test_a_paused_queue_is_not_claimed_by_a_limited_claim(lapp: Flask) -> None:
     with lapp.app_context():
         report = limits_app.report.enqueue(1).id
         serial = limits_app.serial.enqueue(0).id
@@ -257,9 +254,6 @@ def test_a_paused_queue_is_not_claimed_by_a_limited_claim(lapp: Flask) -> None: 
 
 
 # -- four worker processes ---------------------------------------------------------------------
-
-
-FLASK = [sys.executable, "-m", "flask"]
 
 
 def overlaps(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -274,20 +268,20 @@ def assert_never_overlap(runs: list[dict[str, Any]], what: str) -> None:
 
 @pytest.mark.slow
 def test_four_worker_processes_never_exceed_the_limits(
-    lapp: Flask,  # noqa: F811
+    lapp: Flask,
     database_uri: str,
     tmp_path: Path,
 ) -> None:
     env = {**flask_env(database_uri), "FLASK_APP": "tests.limits_app:create_app"}
     env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT prints every thread's stack (see below)
-    command = [*FLASK, "queue", "work", "--poll-interval", "0.05", "--concurrency", "2"]
+    args = ("--poll-interval", "0.05", "--concurrency", "2")
     with ExitStack() as stack:
         procs = []
         for n in range(4):
-            out = stack.enter_context(open(tmp_path / f"worker{n}.out", "wb"))
-            proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=out, stderr=out)
-            stack.callback(_kill, proc)
-            procs.append(proc)
+            output = tmp_path / f"worker{n}.out"
+            procs.append(
+                stack.enter_context(queue_work(database_uri, *args, env=env, output=output))
+            )
 
         def live_workers() -> int:
             with lapp.extensions["sqlqueue"].store.read() as conn:
@@ -355,12 +349,6 @@ def _wait_or_dump(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
         return None
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=10)
-
-
 # -- a worker keeps serving other tasks ---------------------------------------------------------
 
 
@@ -372,7 +360,7 @@ def released() -> Iterator[threading.Event]:
 
 
 def test_a_worker_keeps_running_other_tasks_while_a_bucket_is_full(
-    lapp: Flask,  # noqa: F811
+    lapp: Flask,
     database_uri: str,
     released: threading.Event,
 ) -> None:
@@ -394,7 +382,7 @@ def test_a_worker_keeps_running_other_tasks_while_a_bucket_is_full(
         wait_for(lambda: all(status()[i] == "completed" for i in blocked), "the held jobs")
 
 
-def test_status_and_admin_show_limits_per_key(lapp: Flask) -> None:  # noqa: F811
+def test_status_and_admin_show_limits_per_key(lapp: Flask) -> None:
     with lapp.app_context():
         for account in ("acme", "acme", "globex"):
             limits_app.per_account.enqueue(account)

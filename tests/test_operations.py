@@ -10,9 +10,9 @@ PostgreSQL their jobs waited for the next poll.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -30,13 +30,14 @@ from flask_sqlqueue.core.dialects import for_dialect
 from flask_sqlqueue.core.dialects.postgresql import CHANNEL
 from flask_sqlqueue.core.models import jobs
 from tests import sample_app
-from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import fresh_database
 from tests.conftest import query
 from tests.waiting import WAIT
 from tests.waiting import scaled
 from tests.waiting import wait_for
+from tests.workers import spawn
+from tests.workers import stop
 
 pytestmark = pytest.mark.slow
 
@@ -155,31 +156,24 @@ def doors(wake_uri: str) -> Iterator[Doors]:
         sample_app.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q"
     )
     sample_app.queue.upgrade_database(app=app)
-    worker = subprocess.Popen(
-        [sys.executable, "-c", WORKER, str(POLL)],
-        env=flask_env(wake_uri),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    found = Doors(app, worker)
-    try:
-        wait_for(lambda: _listening(wake_uri, worker.pid) or worker.poll() is not None, "listening")
-        assert worker.poll() is None, worker.communicate()[1]
-        # Enqueueing wakes it (what every door must do too); then it is idle.
-        with app.app_context():
-            canary = sample_app.add.enqueue(20, 22).id
-        found.runs(canary, "the worker woken by an enqueue")
-        yield found
-    finally:
-        worker.send_signal(signal.SIGTERM)
+    command = [sys.executable, "-c", WORKER, str(POLL)]
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+    with spawn(command, flask_env(wake_uri), **quiet) as worker:
+        found = Doors(app, worker)
         try:
-            worker.communicate(timeout=WAIT)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.communicate()
-        found.engine.dispose()
+            wait_for(
+                lambda: _listening(wake_uri, worker.pid) or worker.poll() is not None, "listening"
+            )
+            assert worker.poll() is None, worker.communicate()[1]
+            # Enqueueing wakes it (what every door must do too); then it is idle.
+            with app.app_context():
+                canary = sample_app.add.enqueue(20, 22).id
+            found.runs(canary, "the worker woken by an enqueue")
+            yield found
+        finally:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # then killed by spawn
+                stop(worker)
+            found.engine.dispose()
 
 
 # -- retry ---------------------------------------------------------------------------------

@@ -29,8 +29,9 @@ from flask_sqlqueue.otel import instrument
 from flask_sqlqueue.otel import uninstrument
 from flask_sqlqueue.processes import AppLoader
 from tests.conftest import install_schema
-from tests.control_app import store_of
 from tests.sample_app import queue_app
+from tests.stores import burst
+from tests.stores import store_of
 from tests.waiting import wait_for
 from tests.workers import run_burst
 
@@ -103,10 +104,6 @@ def otel_app(database_uri: str, tmp_path: Path) -> Iterator[Flask]:
         queue.upgrade_database(app=app)
     yield app
     store_of(app).engine.dispose()
-
-
-def burst(app: Flask) -> None:
-    run_burst(queue.worker(WorkerOptions(grace=1.0), app))
 
 
 def _hex(value: int) -> str:

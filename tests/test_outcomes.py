@@ -31,20 +31,21 @@ from flask_sqlqueue import signals
 from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import failures
 from flask_sqlqueue.core.models import jobs
-from flask_sqlqueue.core.store import Store
 from flask_sqlqueue.processes import AppLoader
 from flask_sqlqueue.testing import drain
 from flask_sqlqueue.testing import eager
 from tests import outcomes_app as tasks
 from tests.conftest import flask_env
 from tests.conftest import query
-from tests.test_processes import FLASK
+from tests.stores import burst
+from tests.stores import store_of
 from tests.test_processes import side_lines
-from tests.test_processes import spawn
-from tests.test_processes import wait_exit
 from tests.test_resilience import running_worker
 from tests.test_timeouts import wait_until
+from tests.workers import FLASK
 from tests.workers import run_burst
+from tests.workers import spawn
+from tests.workers import wait_exit
 
 APP = "tests.outcomes_app:create_app"
 WAIT = 60.0  # upper bound, in seconds, of every wait here (a loaded 2-core machine)
@@ -57,15 +58,6 @@ def oapp(make_app: Any, database_uri: str) -> Iterator[Flask]:
     app = tasks.create_app({"SQLQUEUE_DATABASE_URI": database_uri})
     yield app
     app.extensions["sqlqueue"].store.engine.dispose()
-
-
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
-def burst(app: Flask, **options: Any) -> None:
-    options.setdefault("grace", 1.0)
-    run_burst(tasks.queue.worker(WorkerOptions(**options), app), timeout=WAIT)
 
 
 def too_large(app: Flask, backend: str) -> int:

@@ -4,7 +4,6 @@ and the admin's buttons."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,44 +16,16 @@ from flask_sqlqueue import UnknownQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.worker import Worker
 from tests import limits_app
-from tests.conftest import install_schema
 from tests.conftest import query
+from tests.stores import burst
 from tests.waiting import wait_for
 from tests.workers import running
 
 TOKEN = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
 
 
-@pytest.fixture
-def make_lapp(database_uri: str) -> Iterator[Callable[..., Flask]]:
-    """The limits app on the test's database, schema in place."""
-    made: list[Flask] = []
-
-    def make(config: dict[str, Any] | None = None) -> Flask:
-        if not made and not database_uri.startswith("sqlite"):
-            install_schema(database_uri)
-        app = limits_app.create_app({"SQLQUEUE_DATABASE_URI": database_uri, **(config or {})})
-        if database_uri.startswith("sqlite"):
-            limits_app.queue.upgrade_database(app=app)
-        made.append(app)
-        return app
-
-    yield make
-    for app in made:
-        app.extensions["sqlqueue"].store.engine.dispose()
-
-
-@pytest.fixture
-def lapp(make_lapp: Callable[..., Flask]) -> Flask:
-    return make_lapp()
-
-
 def statuses(database_uri: str) -> dict[int, str]:
     return dict(query(database_uri, "SELECT id, status FROM sqlqueue_jobs"))  # type: ignore[arg-type]
-
-
-def burst(app: Flask) -> None:
-    limits_app.queue.worker(WorkerOptions(poll_interval=0.05), app).run(burst=True)
 
 
 # -- the Python API -------------------------------------------------------------------------
@@ -69,14 +40,14 @@ def test_a_paused_queue_is_not_claimed_and_runs_after_resume(
         assert limits_app.queue.pause("reports") is True
         assert limits_app.queue.pause("reports") is False  # already paused
         assert set(limits_app.queue.paused_queues()) == {"reports"}
-    burst(lapp)
+    burst(lapp, poll_interval=0.05)
     assert statuses(database_uri) == {mail.id: "completed", report.id: "pending"}
 
     with lapp.app_context():
         assert limits_app.queue.resume("reports") is True
         assert limits_app.queue.resume("reports") is False  # not paused any more
         assert limits_app.queue.paused_queues() == {}
-    burst(lapp)
+    burst(lapp, poll_interval=0.05)
     assert statuses(database_uri) == {mail.id: "completed", report.id: "completed"}
 
 
@@ -84,7 +55,7 @@ def test_a_queue_can_be_paused_before_it_has_jobs(lapp: Flask, database_uri: str
     with lapp.app_context():
         assert limits_app.queue.pause("mail")  # declared by a task, no job yet
         job = limits_app.mail.enqueue(1)
-    burst(lapp)
+    burst(lapp, poll_interval=0.05)
     assert statuses(database_uri) == {job.id: "pending"}
 
 
@@ -175,14 +146,14 @@ def test_cli_pause_status_and_resume(lapp: Flask, database_uri: str) -> None:
     assert re.search(
         r"^paused reports: since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", status.output, re.M
     )
-    burst(lapp)
+    burst(lapp, poll_interval=0.05)
     assert statuses(database_uri) == {job.id: "pending"}
 
     resumed = cli(lapp, "resume", "reports")
     assert resumed.exit_code == 0
     assert resumed.output == "Resumed queue 'reports'.\n"
     assert "paused" not in cli(lapp, "status").output
-    burst(lapp)
+    burst(lapp, poll_interval=0.05)
     assert statuses(database_uri) == {job.id: "completed"}
 
 

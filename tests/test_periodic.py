@@ -14,7 +14,6 @@ import itertools
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ from tests.conftest import query
 from tests.sample_app import queue as sample_queue
 from tests.sample_app import queue_app
 from tests.waiting import wait_for
+from tests.workers import queue_work
 from tests.workers import running
 
 
@@ -632,15 +632,8 @@ def test_acceptance_two_worker_processes_for_three_minutes(tmp_path: Path) -> No
                     PERIODIC_DATABASE_URI=uri,
                     PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
                 )
-                with open(log, "wb") as out:
-                    proc = subprocess.Popen(
-                        [sys.executable, "-m", "flask", "queue", "work", "--poll-interval", "0.5"],
-                        env=env,
-                        cwd=ROOT,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                    )
-                workers.append((kind, proc, log))
+                work = queue_work(uri, "--poll-interval", "0.5", env=env, output=log)
+                workers.append((kind, stack.enter_context(work), log))
         try:
             deadline = time.monotonic() + 180
             # Stop well away from a minute boundary, so the last slot's job has run.
@@ -653,11 +646,8 @@ def test_acceptance_two_worker_processes_for_three_minutes(tmp_path: Path) -> No
             for _, proc, _ in workers:
                 proc.send_signal(signal.SIGTERM)
             for _, proc, _ in workers:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # killed on the way out
                     proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
         for kind, proc, log in workers:
             assert proc.returncode == 0, f"{kind}: {log.read_text()[-3000:]}"
         for kind, uri in uris.items():

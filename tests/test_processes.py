@@ -15,9 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from contextlib import ExitStack
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,39 +29,9 @@ from flask_sqlqueue.core.models import workers
 from tests import sample_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
-from tests.waiting import scaled
-
-FLASK = [sys.executable, "-m", "flask"]
-
-
-@contextmanager
-def spawn(args: list[str], env: dict[str, str], output: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Start a process writing to ``output``; kill it on the way out if it is still running."""
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=10)
-
-
-def wait_exit(proc: subprocess.Popen[bytes], timeout: float, output: Path) -> int:
-    """The exit code of ``proc``; fail if it runs longer than ``timeout`` seconds on a
-    quiet machine, a deadline that stretches with the load while it waits (a burst whose
-    jobs each start a child process takes many times longer on a busy machine)."""
-    began, limit = time.monotonic(), timeout
-    while True:
-        try:
-            return proc.wait(timeout=1.0)
-        except subprocess.TimeoutExpired:
-            limit = max(limit, scaled(timeout))
-            if time.monotonic() - began > limit:
-                break
-    proc.kill()
-    proc.wait(timeout=10)
-    pytest.fail(f"process did not exit within {limit:.0f}s:\n{output.read_text()[-3000:]}")
+from tests.workers import FLASK
+from tests.workers import spawn
+from tests.workers import wait_exit
 
 
 def side_lines(path: Path) -> list[list[str]]:

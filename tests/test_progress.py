@@ -12,11 +12,10 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import current_job
 from flask_sqlqueue.exceptions import NoJobContext
 from tests import control_app as c
-from tests.control_app import control_app  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 
 
-def test_the_last_value_lands_despite_the_throttle(control_app: Flask) -> None:  # noqa: F811
+def test_the_last_value_lands_despite_the_throttle(control_app: Flask) -> None:
     app = control_app
     steps = [[i / 500, f"step {i}"] for i in range(501)]
     with app.app_context():
@@ -32,7 +31,7 @@ def test_the_last_value_lands_despite_the_throttle(control_app: Flask) -> None: 
     assert 2 <= len(writes) <= 5, len(writes)
 
 
-def test_a_waiting_task_shows_its_latest_value(control_app: Flask) -> None:  # noqa: F811
+def test_a_waiting_task_shows_its_latest_value(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.progress.enqueue([[0.1, "first"], [0.3, "second"]], wait=True)
@@ -62,7 +61,7 @@ def test_a_waiting_task_shows_its_latest_value(control_app: Flask) -> None:  # n
     ],
 )
 def test_bad_values_are_refused_and_change_nothing(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
     fraction: object,
     message: object,
     error: str,
@@ -80,7 +79,7 @@ def test_bad_values_are_refused_and_change_nothing(
     assert row.progress is None and row.progress_message is None
 
 
-def test_bounds_and_long_messages_are_accepted(control_app: Flask) -> None:  # noqa: F811
+def test_bounds_and_long_messages_are_accepted(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         zero = c.bad_progress.enqueue(0, "start")
@@ -91,7 +90,7 @@ def test_bounds_and_long_messages_are_accepted(control_app: Flask) -> None:  # n
     assert c.row(app, whole.id).progress_message == "x" * 1000
 
 
-def test_a_lost_claim_writes_no_progress(control_app: Flask) -> None:  # noqa: F811
+def test_a_lost_claim_writes_no_progress(control_app: Flask) -> None:
     from flask_sqlqueue import ClaimLost
     from tests.test_cancel import lifecycle_context
 
@@ -110,7 +109,7 @@ def test_a_lost_claim_writes_no_progress(control_app: Flask) -> None:  # noqa: F
     assert (c.row(app, job.id).progress, c.row(app, job.id).progress_message) == (0.2, "mine")
 
 
-def test_admin_shows_a_progress_bar(control_app: Flask) -> None:  # noqa: F811
+def test_admin_shows_a_progress_bar(control_app: Flask) -> None:
     app = control_app
     app.secret_key = "test"
     app.register_blueprint(c.queue.admin_blueprint(authorize=lambda: True), url_prefix="/q")
@@ -143,7 +142,7 @@ def test_outside_a_task_there_is_no_progress() -> None:
     ],
 )
 def test_an_attempt_that_does_not_complete_leaves_no_progress_for_the_next(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
     end: str,
     status: JobStatus,
     kept: tuple[Any, Any],

@@ -30,18 +30,15 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
 from tests import sample_app
+from tests.stores import store_of
 from tests.waiting import wait_for
 from tests.workers import running
-
-
-def _store(app: Flask) -> Any:
-    return app.extensions["sqlqueue"].store
 
 
 @contextmanager
 def exclusive_lock(app: Flask) -> Iterator[None]:
     """Another process's view: a connection holding SQLite's exclusive lock."""
-    path = _store(app).engine.url.database
+    path = store_of(app).engine.url.database
     with closing(sqlite3.connect(path, isolation_level=None)) as conn:
         conn.execute("BEGIN EXCLUSIVE")
         try:
@@ -51,7 +48,7 @@ def exclusive_lock(app: Flask) -> Iterator[None]:
 
 
 def _count(app: Flask) -> int:
-    with _store(app).read() as conn:
+    with store_of(app).read() as conn:
         return int(conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one())
 
 
@@ -117,7 +114,7 @@ def test_worker_declared_dead_carries_on_under_a_new_id(make_app: Any) -> None:
         with running_worker(app, poll_interval=0.05, stale_after=0.4) as worker:
             first = worker.id
             wait_for(lambda: _worker_ids(app) == [first], "the worker's row")
-            with _store(app).write() as conn:  # what a rescuer does to a stale worker
+            with store_of(app).write() as conn:  # what a rescuer does to a stale worker
                 conn.execute(
                     sa.update(workers).values(stopped_at=sa.func.now(), stop_reason="lost")
                 )
@@ -134,7 +131,7 @@ def test_worker_declared_dead_carries_on_under_a_new_id(make_app: Any) -> None:
 
 def _worker_ids(app: Flask, *, gone: bool = False) -> Any:
     """Live worker ids; with ``gone``, stopped ones and how they stopped."""
-    with _store(app).read() as conn:
+    with store_of(app).read() as conn:
         if gone:
             rows = conn.execute(
                 sa.select(workers.c.id, workers.c.stop_reason).where(
@@ -151,7 +148,7 @@ def test_status_shows_jobs_with_a_status_it_does_not_know(make_app: Any) -> None
     app = make_app()
     with app.app_context():
         job = sample_app.add.enqueue(1, 1)
-        with _store(app).write() as conn:
+        with store_of(app).write() as conn:
             conn.execute(sa.update(jobs).where(jobs.c.id == job.id).values(status="paused"))
     result = app.test_cli_runner().invoke(args=["queue", "status"])
     assert result.exit_code == 0, result.output
@@ -167,7 +164,7 @@ def test_hand_edited_timestamps_do_not_break_claims(make_app: Any) -> None:
     with app.app_context():
         odd = sample_app.add.enqueue(1, 1)
         fine = sample_app.add.enqueue(2, 2)
-        with _store(app).write() as conn:  # text SQLite sorts before any real timestamp
+        with store_of(app).write() as conn:  # text SQLite sorts before any real timestamp
             conn.exec_driver_sql(
                 "UPDATE sqlqueue_jobs SET run_at = '1999 by hand', created_at = 'x' "
                 f"WHERE id = {odd.id}"
@@ -179,7 +176,7 @@ def test_hand_edited_timestamps_do_not_break_claims(make_app: Any) -> None:
 
 
 def _statuses(app: Flask) -> dict[int, str]:
-    with _store(app).read() as conn:
+    with store_of(app).read() as conn:
         return dict(conn.execute(sa.select(jobs.c.id, jobs.c.status)).all())  # type: ignore[arg-type]
 
 
@@ -189,7 +186,7 @@ def test_a_rescued_job_keeps_its_place_in_line(make_app: Any) -> None:
     from flask_sqlqueue.core import roster
 
     app = make_app({"SQLQUEUE_STALE_AFTER": 5})
-    store = _store(app)
+    store = store_of(app)
     with app.app_context():
         first = sample_app.add.enqueue(1, 1)
         long_ago = store.now() - timedelta(minutes=5)

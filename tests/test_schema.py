@@ -42,6 +42,7 @@ from tests import sample_app
 from tests.conftest import query
 from tests.conftest import query_dicts
 from tests.conftest import table_names
+from tests.stores import store_of
 from tests.waiting import WAIT
 
 QUEUE_TABLES = {
@@ -74,10 +75,6 @@ def _tables(database_uri: str) -> set[str]:
     return table_names(database_uri)
 
 
-def _store(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
 def _assert_refused_with(app: Flask, *fragments: str) -> None:
     """Producing and reading both fail with a SchemaError containing every fragment."""
     with app.app_context():
@@ -106,7 +103,7 @@ def test_missing_schema_says_how_to_create_it(make_app: Any, database_uri: str) 
 
 def test_downgraded_schema_says_how_to_upgrade(make_app: Any, database_uri: str) -> None:
     upgraded = make_app()
-    schema.downgrade(_store(upgraded).engine, "base")
+    schema.downgrade(store_of(upgraded).engine, "base")
     assert VERSION_TABLE in _tables(database_uri)  # the version table stays, empty
 
     _assert_refused_with(make_app(upgrade=False), HINT)
@@ -145,12 +142,12 @@ def test_older_schema_says_how_to_upgrade(
 ) -> None:
     assert schema.head() == "9999"
     app = make_app(upgrade=False)
-    schema.upgrade(_store(app).engine, newer_package)  # what the previous release created
+    schema.upgrade(store_of(app).engine, newer_package)  # what the previous release created
 
     _assert_refused_with(app, f"revision {newer_package}", "older", "(9999)", HINT)
 
     sample_app.queue.upgrade_database(app=app)
-    assert schema.current(_store(app).engine) == "9999"
+    assert schema.current(store_of(app).engine) == "9999"
     assert "sqlqueue_probe" in _tables(database_uri)
     with app.app_context():
         assert sample_app.add.enqueue(1, 2).id == 1
@@ -222,7 +219,7 @@ def test_upgrade_downgrade_upgrade_leaves_the_apps_alembic_alone(
     _sql(database_uri, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
     _sql(database_uri, "INSERT INTO users VALUES (1, 'ada')")
     app = make_app(upgrade=False)
-    engine = _store(app).engine
+    engine = store_of(app).engine
     assert schema.current(engine) is None
 
     sample_app.queue.upgrade_database(app=app)
@@ -284,12 +281,12 @@ def _differences(engine: sa.Engine) -> list[Any]:
 
 
 def test_models_match_the_migrations(make_app: Any) -> None:
-    assert _differences(_store(make_app()).engine) == []
+    assert _differences(store_of(make_app()).engine) == []
 
 
 def test_columns_have_the_collations_of_the_models(make_app: Any) -> None:
     # Alembic does not compare collations, on which exact keys depend on MariaDB/MySQL.
-    engine = _store(make_app()).engine
+    engine = store_of(make_app()).engine
     inspector = sa.inspect(engine)
     checked = 0
     for table in metadata.sorted_tables:
@@ -388,11 +385,11 @@ def test_the_id_of_a_deleted_job_is_never_given_again(make_app: Any) -> None:
     app = make_app()
     with app.app_context():
         given = [sample_app.add.enqueue(n, n).id for n in range(3)]
-        _delete(_store(app), given[1:])  # the newest ones: SQLite gave the largest id out again
+        _delete(store_of(app), given[1:])  # the newest ones: SQLite gave the largest id out again
         again = sample_app.add.enqueue(3, 3)
         assert again.id > max(given)
         given.append(again.id)
-        _delete(_store(app), [again.id])
+        _delete(store_of(app), [again.id])
         # Many jobs in one multi-row INSERT: each id is still its own call's.
         many = sample_app.add.enqueue_many([([n, 0], {}) for n in range(4)])
         ids = [job.id for job in many]
@@ -435,7 +432,7 @@ def test_upgrade_to_growing_ids_keeps_every_job(
     """From 0004 with jobs in the table: every row is kept, the schema is the models',
     and no id given before (a purged job's, still named by its effect) is given again."""
     app = make_app(upgrade=False)
-    store = _store(app)
+    store = store_of(app)
     schema.upgrade(store.engine, "0004")
     slots = [f"{schedule.KEY_PREFIX}hourly:2024-06-03T{hour:02d}:00:00Z" for hour in (9, 11, 10)]
     given = [
@@ -482,7 +479,7 @@ def test_downgrading_big_payloads_puts_them_back_in_their_rows(
     """0017's downgrade moves every payload kept outside back into its job's row, then
     drops the table; upgrading again leaves the rows as they are."""
     app = make_app({"SQLQUEUE_INLINE_PAYLOAD_LIMIT": 100})
-    store = _store(app)
+    store = store_of(app)
     big = '{"args":["' + "x" * 300 + '"],"kwargs":{}}'
     outside = store.enqueue("some.task", big, EnqueueOptions()).id
     inline = store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id
@@ -506,7 +503,7 @@ def _pragma(conn: sa.Connection, name: str) -> Any:
 
 @pytest.mark.sqlite_only
 def test_sqlite_pragmas_by_default(make_app: Any) -> None:
-    store = _store(make_app())
+    store = store_of(make_app())
     with store.write() as writer:
         assert _pragma(writer, "journal_mode") == "wal"
         assert _pragma(writer, "synchronous") == 2  # FULL
@@ -522,7 +519,7 @@ def test_sqlite_pragmas_by_default(make_app: Any) -> None:
     ("setting", "level"), [("NORMAL", 1), ("normal", 1), ("OFF", 0), ("EXTRA", 3), ("FULL", 2)]
 )
 def test_sqlite_synchronous_follows_the_config(make_app: Any, setting: str, level: int) -> None:
-    store = _store(
+    store = store_of(
         make_app({"SQLQUEUE_SQLITE_SYNCHRONOUS": setting, "SQLQUEUE_SQLITE_BUSY_TIMEOUT": 2.5})
     )
     with store.write() as writer:
@@ -534,7 +531,7 @@ def test_sqlite_synchronous_follows_the_config(make_app: Any, setting: str, leve
 
 @pytest.mark.sqlite_only
 def test_writes_begin_immediate_and_reads_begin_deferred(make_app: Any) -> None:
-    store = _store(make_app())
+    store = store_of(make_app())
     seen: list[str] = []
 
     def log(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -557,8 +554,8 @@ def test_writes_begin_immediate_and_reads_begin_deferred(make_app: Any) -> None:
 @pytest.fixture
 def two_stores(make_app: Any) -> tuple[Store, Store]:
     """Two apps on one database file; the second gives up on a busy database after 0.2 s."""
-    holder = _store(make_app())
-    impatient = _store(make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.2}))
+    holder = store_of(make_app())
+    impatient = store_of(make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.2}))
     return holder, impatient
 
 
@@ -598,8 +595,8 @@ def test_write_lock_is_taken_at_begin(two_stores: tuple[Store, Store], database_
 def test_second_writer_waits_at_begin_until_the_first_commits(
     make_app: Any,
 ) -> None:
-    holder = _store(make_app())
-    patient = _store(make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 10}))
+    holder = store_of(make_app())
+    patient = store_of(make_app({"SQLQUEUE_SQLITE_BUSY_TIMEOUT": 10}))
     committed_at: list[float] = []
     entered_at: list[float] = []
     holding = threading.Event()
@@ -657,7 +654,7 @@ def test_upgrade_counts_every_rescue_so_far_as_a_crash(make_app: Any, database_u
     """0019 adds ``crashes``, the crash budget spent: at the upgrade, every rescue so far
     counts, as it did when the budget read ``rescues``; a downgrade drops the column."""
     app = make_app(upgrade=False)
-    store = _store(app)
+    store = store_of(app)
     schema.upgrade(store.engine, "0018")
     ids = [store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id for _ in range(2)]
     _sql(database_uri, f"UPDATE sqlqueue_jobs SET rescues = 2 WHERE id = {ids[0]}")

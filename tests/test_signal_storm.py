@@ -20,11 +20,11 @@ from tests import sample_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
 from tests.conftest import query
-from tests.test_processes import FLASK
-from tests.test_processes import spawn
-from tests.test_processes import wait_exit
 from tests.waiting import scaled
 from tests.waiting import wait_for
+from tests.workers import FLASK
+from tests.workers import spawn
+from tests.workers import wait_exit
 
 #: Each of the stops waits this long at most (a quiet machine's figure, stretched with
 #: the load): the worker's grace below, and its start-up and exit.

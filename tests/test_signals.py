@@ -22,7 +22,6 @@ from flask_sqlqueue.core.logcontext import LOG_DEFAULTS
 from flask_sqlqueue.metrics import QueueMetrics
 from tests import control_app as c
 from tests.conftest import ROOT
-from tests.control_app import control_app  # noqa: F401  (fixture)
 from tests.waiting import wait_for
 
 
@@ -56,13 +55,13 @@ class Recorder:
 
 
 @pytest.fixture
-def recorder(control_app: Flask) -> Iterator[Recorder]:  # noqa: F811
+def recorder(control_app: Flask) -> Iterator[Recorder]:
     found = Recorder(control_app)
     yield found
     found.close()
 
 
-def test_a_success(control_app: Flask, recorder: Recorder) -> None:  # noqa: F811
+def test_a_success(control_app: Flask, recorder: Recorder) -> None:
     with control_app.app_context():
         job = c.add.enqueue(2, 3)
     c.burst(control_app)
@@ -78,7 +77,7 @@ def test_a_success(control_app: Flask, recorder: Recorder) -> None:  # noqa: F81
     assert succeeded["result"] == 5 and succeeded["duration"] >= 0
 
 
-def test_failures_retries_and_dead(control_app: Flask, recorder: Recorder) -> None:  # noqa: F811
+def test_failures_retries_and_dead(control_app: Flask, recorder: Recorder) -> None:
     with control_app.app_context():
         job = c.fails.enqueue("nope")  # max_attempts=2, no backoff
     c.burst(control_app)
@@ -94,7 +93,7 @@ def test_failures_retries_and_dead(control_app: Flask, recorder: Recorder) -> No
 
 
 def test_a_failure_after_a_cancel_request_is_cancelled_not_retried(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
     recorder: Recorder,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -114,7 +113,7 @@ def test_a_failure_after_a_cancel_request_is_cancelled_not_retried(
     assert any("job is cancelled" in line for line in logged), logged
 
 
-def test_cancelled_and_rescued(control_app: Flask, recorder: Recorder) -> None:  # noqa: F811
+def test_cancelled_and_rescued(control_app: Flask, recorder: Recorder) -> None:
     app = control_app
     with app.app_context():
         cancelled = c.until_cancelled.enqueue()
@@ -141,7 +140,7 @@ def test_cancelled_and_rescued(control_app: Flask, recorder: Recorder) -> None: 
 
 
 def test_a_raising_receiver_breaks_nothing(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
     recorder: Recorder,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -169,7 +168,7 @@ def test_a_raising_receiver_breaks_nothing(
     assert len(failures) >= 2 + 3 + 1 + 2  # enqueued x2, started x3, succeeded, failed x2
 
 
-def test_enqueued_only_for_new_committed_jobs(control_app: Flask, recorder: Recorder) -> None:  # noqa: F811
+def test_enqueued_only_for_new_committed_jobs(control_app: Flask, recorder: Recorder) -> None:
     app = control_app
     store = c.store_of(app)
     with app.app_context():
@@ -186,7 +185,7 @@ def test_enqueued_only_for_new_committed_jobs(control_app: Flask, recorder: Reco
     assert [data["job"].id for _, data in recorder.events] == [first.id, kept.id]
 
 
-def test_prometheus_metrics(control_app: Flask) -> None:  # noqa: F811
+def test_prometheus_metrics(control_app: Flask) -> None:
     app = control_app
     metrics = QueueMetrics(app)
     try:
@@ -223,7 +222,7 @@ def test_prometheus_metrics(control_app: Flask) -> None:  # noqa: F811
         metrics.close()
 
 
-def test_queue_depth_is_the_eligible_count_status_reads(control_app: Flask) -> None:  # noqa: F811
+def test_queue_depth_is_the_eligible_count_status_reads(control_app: Flask) -> None:
     """The depth gauge and ``flask queue status`` (``queries.status``) count the jobs due
     now in one place: for each queue, due, not yet due, overdue or none due, the same."""
     app = control_app
@@ -247,7 +246,7 @@ def test_queue_depth_is_the_eligible_count_status_reads(control_app: Flask) -> N
         metrics.close()
 
 
-def test_metrics_blueprint(control_app: Flask) -> None:  # noqa: F811
+def test_metrics_blueprint(control_app: Flask) -> None:
     app = control_app
     app.register_blueprint(c.queue.metrics_blueprint(), url_prefix="/closed")
     app.register_blueprint(
@@ -266,7 +265,7 @@ def test_metrics_blueprint(control_app: Flask) -> None:  # noqa: F811
     app.extensions["sqlqueue_metrics"].close()
 
 
-def test_the_metrics_blueprint_opens_only_for_true(control_app: Flask) -> None:  # noqa: F811
+def test_the_metrics_blueprint_opens_only_for_true(control_app: Flask) -> None:
     from flask import Response
     from flask import redirect
 
@@ -325,7 +324,7 @@ def test_metrics_without_prometheus_client_says_how_to_install() -> None:
     assert "pip install 'flask-sqlqueue[prometheus]'" in out
 
 
-def test_log_records_inside_a_task_name_the_job(control_app: Flask) -> None:  # noqa: F811
+def test_log_records_inside_a_task_name_the_job(control_app: Flask) -> None:
     seen: list[logging.LogRecord] = []
 
     class Keep(logging.Handler):

@@ -17,7 +17,6 @@ from flask import Flask
 
 from flask_sqlqueue import Call
 from flask_sqlqueue import SQLQueue
-from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
 from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import operations
@@ -27,9 +26,9 @@ from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.tags import MAX_META_BYTES
 from flask_sqlqueue.core.tags import MAX_TAGS
 from tests.conftest import install_schema
-from tests.control_app import store_of
 from tests.sample_app import queue_app
-from tests.workers import run_burst
+from tests.stores import burst
+from tests.stores import store_of
 from tests.workflow_app import run_doc_example
 
 queue = SQLQueue()
@@ -69,10 +68,6 @@ def tags_app(database_uri: str, tmp_path: Path) -> Iterator[Flask]:
     app.register_blueprint(queue.admin_blueprint(authorize=lambda: True), url_prefix="/queue")
     yield app
     store_of(app).engine.dispose()
-
-
-def burst(app: Flask) -> None:
-    run_burst(queue.worker(WorkerOptions(grace=1.0), app))
 
 
 def cli(app: Flask, *args: str) -> Any:

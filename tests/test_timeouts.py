@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -30,14 +29,13 @@ from flask_sqlqueue.core import actions
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.worker import Worker
 from tests import timeouts_app as tasks
-from tests.conftest import ROOT
 from tests.conftest import flask_env
-from tests.test_processes import FLASK
 from tests.test_processes import side_lines
-from tests.test_processes import spawn
-from tests.test_processes import wait_exit
 from tests.test_processes import wait_for_line
 from tests.waiting import WAIT
+from tests.workers import FLASK
+from tests.workers import spawn
+from tests.workers import wait_exit
 
 APP = "tests.timeouts_app:create_app"
 
@@ -323,23 +321,11 @@ def test_sigterm_to_the_whole_process_group_lets_the_attempt_finish(
         job = tasks.naps.enqueue(str(side), "nap", 2.0)
     output = tmp_path / "worker.out"
     command = [*FLASK, "queue", "work", "--processes", "1", "--grace", "30"]
-    with open(output, "wb") as out:
-        proc = subprocess.Popen(
-            command,
-            env=env_for(database_uri),
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so the test can signal it all
-        )
-        try:
-            wait_for_line(side, "start", "nap", 60, proc)
-            os.killpg(proc.pid, signal.SIGTERM)
-            code = wait_exit(proc, 30, output)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+    # Its own process group, so the test can signal it all.
+    with spawn(command, env_for(database_uri), output, new_session=True) as proc:
+        wait_for_line(side, "start", "nap", 60, proc)
+        os.killpg(proc.pid, signal.SIGTERM)
+        code = wait_exit(proc, 30, output)
     assert code == 0, output.read_text()
     job.refresh()
     assert job.status is JobStatus.COMPLETED, job.last_error

@@ -43,6 +43,7 @@ from tests import sample_app
 from tests import typed_app as tasks
 from tests.conftest import query
 from tests.sample_app import queue_app
+from tests.stores import burst
 from tests.typed_app import Level
 from tests.typed_app import Line
 from tests.typed_app import Order
@@ -102,10 +103,6 @@ def typed(make_app: Any, database_uri: str) -> Iterator[Flask]:
     app = tasks.create_app({"SQLQUEUE_DATABASE_URI": database_uri})
     yield app
     app.extensions["sqlqueue"].store.engine.dispose()
-
-
-def burst(app: Flask, **options: Any) -> None:
-    run_burst(tasks.queue.worker(WorkerOptions(grace=1.0, **options), app))
 
 
 def payload(database_uri: str, job_id: int) -> Any:

@@ -23,6 +23,7 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.processes import AppLoader
 from tests import versions_app as apps
 from tests.conftest import query
+from tests.stores import burst
 from tests.workers import run_burst
 
 
@@ -34,10 +35,6 @@ def deploys(make_app: Any, database_uri: str) -> Iterator[tuple[Flask, Flask]]:
     yield old, new
     for app in (old, new):
         app.extensions["sqlqueue"].store.engine.dispose()
-
-
-def burst(queue: SQLQueue, app: Flask, **options: Any) -> None:
-    run_burst(queue.worker(WorkerOptions(grace=1.0, **options), app), timeout=180)
 
 
 def payload(database_uri: str, job_id: int) -> Any:
@@ -58,7 +55,7 @@ def test_a_job_of_version_1_runs_through_each_upcaster_in_turn(
         positional = apps.ship_v1.enqueue(7, True)
         keyword = apps.ship_v1.enqueue(8, express=False)
     assert payload(database_uri, positional.id) == {"args": [7, True], "kwargs": {}}
-    burst(apps.new, new)
+    burst(new, timeout=180)
     for job, order, speed in ((positional, 7, "fast"), (keyword, 8, "normal")):
         job.refresh()
         assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1), job.last_error
@@ -95,14 +92,14 @@ def test_a_job_newer_than_the_worker_waits_for_a_worker_that_has_its_version(
     with new.app_context():
         job = apps.ship.enqueue({"id": 5}, "normal")
     before = job.run_at
-    burst(apps.old, old)  # it claims the job, and hands it back unrun
+    burst(old, timeout=180)  # it claims the job, and hands it back unrun
     job.refresh()
     # No attempt spent, no failure recorded: it waits, snoozed, for a newer worker.
     assert (job.status, job.attempts, job.snoozes) == (JobStatus.PENDING, 0, 1)
     assert job.last_error is None
     assert (job.run_at - before).total_seconds() >= 29
     query(database_uri, "UPDATE sqlqueue_jobs SET run_at = created_at WHERE id = :id", id=job.id)
-    burst(apps.new, new)
+    burst(new, timeout=180)
     job.refresh()
     assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1), job.last_error
     assert job.result["order"] == {"id": 5}
@@ -114,7 +111,7 @@ def test_an_upcaster_that_fails_kills_the_job_with_its_error_and_shows_it_before
     old, new = deploys
     with old.app_context():
         job = apps.bill_v1.enqueue(3)
-    burst(apps.new, new)
+    burst(new, timeout=180)
     job.refresh()
     assert (job.status, job.attempts) == (JobStatus.DEAD, 1)
     assert job.last_error == (
@@ -190,7 +187,7 @@ def test_an_edited_version_is_a_malformed_payload(
         p=json.dumps({"args": [{"id": 1}], "kwargs": {"speed": "fast"}, "v": "three"}),
         id=job.id,
     )
-    burst(apps.new, new)
+    burst(new, timeout=180)
     job.refresh()
     assert (job.status, job.attempts) == (JobStatus.DEAD, 1)
     assert job.last_error == "MalformedPayload: payload version 'three' is not a positive integer"
@@ -213,7 +210,7 @@ def test_by_name_a_producer_says_the_version_it_writes(
     # An unregistered producer of version 1 arguments (the old app's, by name) upcasts.
     with old.app_context():
         by_name = apps.old.enqueue("orders.ship", args=[2, True])
-    burst(apps.new, new)
+    burst(new, timeout=180)
     by_name.refresh()
     assert by_name.status is JobStatus.COMPLETED, by_name.last_error
     assert by_name.result["speed"] == "fast"
@@ -298,7 +295,7 @@ def test_a_copy_or_an_edit_of_an_old_job_is_written_as_the_tasks_version(
     form = html.split('id="sqlqueue-edit"', 1)[1]
     assert "upcast to the task's version 3" in form
     assert "&#34;speed&#34;: &#34;normal&#34;" in form
-    burst(apps.new, new)
+    burst(new, timeout=180)
     for done in (copy, job):
         done.refresh()
         assert done.status is JobStatus.COMPLETED, done.last_error

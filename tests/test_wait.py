@@ -45,13 +45,14 @@ from flask_sqlqueue.core.store import Store
 from tests import control_app as c
 from tests import sample_app
 from tests.conftest import ROOT
-from tests.conftest import flask_env
 from tests.conftest import install_schema
-from tests.control_app import control_app  # noqa: F401  (fixture)
+from tests.stores import store_of
 from tests.waiting import WAIT
 from tests.waiting import scaled
 from tests.waiting import wait_for
+from tests.workers import queue_work
 from tests.workers import running
+from tests.workers import stop
 
 #: A waiter's poll interval that no test waits out: only a wake-up returns it in time.
 NEVER = 10 * WAIT
@@ -95,10 +96,6 @@ def waiting(app: Flask, job: Job, **options: Any) -> Iterator[Waiter]:
         assert waiter.ended(options["timeout"] + WAIT), "the wait never returned"
 
 
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
-
-
 def woken(waiter: Waiter, since: float) -> Job:
     """The job the wait returned, promptly after ``since`` (not at a poll: none comes)."""
     assert waiter.ended(scaled(10)), "the wait did not return: no wake-up"
@@ -111,7 +108,7 @@ def woken(waiter: Waiter, since: float) -> Job:
 # -- a job finished already, timeouts, bad arguments -----------------------------------------
 
 
-def test_wait_returns_a_finished_job_refreshed(control_app: Flask) -> None:  # noqa: F811
+def test_wait_returns_a_finished_job_refreshed(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         done = c.add.enqueue(2, 3)
@@ -132,7 +129,7 @@ def test_wait_returns_a_finished_job_refreshed(control_app: Flask) -> None:  # n
     assert again is not None and again.wait().result == 5
 
 
-def test_wait_times_out(control_app: Flask) -> None:  # noqa: F811
+def test_wait_times_out(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)
@@ -164,7 +161,7 @@ def test_wait_times_out(control_app: Flask) -> None:  # noqa: F811
     ],
 )
 def test_wait_refuses_bad_arguments(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
     options: dict[str, Any],
     error: type[Exception],
     message: str,
@@ -178,7 +175,7 @@ def test_wait_refuses_bad_arguments(
     assert not store_of(control_app).waiters._events  # refused before waiting
 
 
-def test_a_job_deleted_while_waited_for_raises_lookup_error(control_app: Flask) -> None:  # noqa: F811
+def test_a_job_deleted_while_waited_for_raises_lookup_error(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)
@@ -191,7 +188,7 @@ def test_a_job_deleted_while_waited_for_raises_lookup_error(control_app: Flask) 
     assert str(waiter.error) == f"Job {job.id} no longer exists."
 
 
-def test_a_wait_rechecks_the_database_if_no_wake_up_comes(control_app: Flask) -> None:  # noqa: F811
+def test_a_wait_rechecks_the_database_if_no_wake_up_comes(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)
@@ -217,7 +214,7 @@ def _resume(app: Flask) -> None:
         c.queue.resume("default")
 
 
-def test_a_worker_completing_the_job_wakes_the_waiter(control_app: Flask) -> None:  # noqa: F811
+def test_a_worker_completing_the_job_wakes_the_waiter(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.waits.enqueue("finished")
@@ -230,7 +227,7 @@ def test_a_worker_completing_the_job_wakes_the_waiter(control_app: Flask) -> Non
     assert job.status is JobStatus.COMPLETED
 
 
-def test_a_batch_of_completions_wakes_every_waiter(control_app: Flask) -> None:  # noqa: F811
+def test_a_batch_of_completions_wakes_every_waiter(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         c.queue.pause("default")
@@ -275,7 +272,7 @@ DOORS: dict[str, tuple[Callable[[Flask], Job], Callable[[Flask, Job], None], Job
 
 
 @pytest.mark.parametrize("door", list(DOORS))
-def test_every_write_that_ends_a_job_wakes_its_waiter(control_app: Flask, door: str) -> None:  # noqa: F811
+def test_every_write_that_ends_a_job_wakes_its_waiter(control_app: Flask, door: str) -> None:
     app = control_app
     make, finish, status, worker = DOORS[door]
     job = make(app)
@@ -287,7 +284,7 @@ def test_every_write_that_ends_a_job_wakes_its_waiter(control_app: Flask, door: 
     assert woken(waiter, finishing).status is status
 
 
-def test_a_running_job_stopped_by_its_cancellation_wakes_the_waiter(control_app: Flask) -> None:  # noqa: F811
+def test_a_running_job_stopped_by_its_cancellation_wakes_the_waiter(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.until_cancelled.enqueue()
@@ -300,7 +297,7 @@ def test_a_running_job_stopped_by_its_cancellation_wakes_the_waiter(control_app:
 
 
 def test_a_job_handed_back_at_shutdown_after_its_cancellation_wakes_the_waiter(
-    control_app: Flask,  # noqa: F811
+    control_app: Flask,
 ) -> None:
     app = control_app
     with app.app_context():
@@ -327,15 +324,8 @@ def test_a_worker_in_another_process_wakes_the_waiter(make_app: Any, database_ur
     with app.app_context():
         sample_app.queue.pause("default")
         job = sample_app.add.enqueue(20, 22)
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "flask", "queue", "work", "--poll-interval", "0.05"],
-        env=flask_env(database_uri),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+    with queue_work(database_uri, "--poll-interval", "0.05", **quiet) as worker:
         with waiting(app, job) as waiter:
             wait_for(lambda: _worker_listed(app), "the worker process to start")
             resumed = time.monotonic()
@@ -343,9 +333,7 @@ def test_a_worker_in_another_process_wakes_the_waiter(make_app: Any, database_ur
                 sample_app.queue.resume("default")
             # That process completes the job; the wake-up crosses to this one.
             assert woken(waiter, resumed).result == 42
-    finally:
-        worker.terminate()
-        _, err = worker.communicate(timeout=WAIT)
+        err = stop(worker)
     assert worker.returncode == 0, err
 
 
@@ -492,7 +480,7 @@ def c_statements(store: Store) -> Iterator[list[str]]:
 # -- asyncio ---------------------------------------------------------------------------------
 
 
-def test_aenqueue_and_async_wait(control_app: Flask) -> None:  # noqa: F811
+def test_aenqueue_and_async_wait(control_app: Flask) -> None:
     app = control_app
 
     async def produce_and_wait() -> list[Any]:
@@ -513,7 +501,7 @@ def test_aenqueue_and_async_wait(control_app: Flask) -> None:  # noqa: F811
         ]
 
 
-def test_aenqueue_runs_in_the_callers_app_context(control_app: Flask) -> None:  # noqa: F811
+def test_aenqueue_runs_in_the_callers_app_context(control_app: Flask) -> None:
     # As enqueue: without an app context there is no queue to write to.
     with pytest.raises(QueueNotSetUp):
         asyncio.run(c.add.aenqueue(1, 2))
@@ -522,7 +510,7 @@ def test_aenqueue_runs_in_the_callers_app_context(control_app: Flask) -> None:  
     assert job.refresh().status is JobStatus.PENDING
 
 
-def test_async_wait_is_woken_without_polling(control_app: Flask) -> None:  # noqa: F811
+def test_async_wait_is_woken_without_polling(control_app: Flask) -> None:
     app = control_app
     job = _held(app, c.add, 20, 22)
     resumed: list[float] = []
@@ -540,7 +528,7 @@ def test_async_wait_is_woken_without_polling(control_app: Flask) -> None:  # noq
     assert time.monotonic() - resumed[0] < scaled(10)
 
 
-def test_an_async_wait_times_out_or_is_cancelled_and_leaves_nothing(control_app: Flask) -> None:  # noqa: F811
+def test_an_async_wait_times_out_or_is_cancelled_and_leaves_nothing(control_app: Flask) -> None:
     app = control_app
     with app.app_context():
         job = c.add.using(delay=3600).enqueue(1, 2)

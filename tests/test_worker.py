@@ -34,17 +34,14 @@ from flask_sqlqueue.core.failures import Backoff
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import utcnow
-from flask_sqlqueue.core.store import Store
 from flask_sqlqueue.exceptions import InvalidTransition
 from tests import sample_app
+from tests.stores import burst
+from tests.stores import store_of
 from tests.waiting import WAIT
 from tests.waiting import wait_for
 from tests.workers import run_burst
 from tests.workers import running
-
-
-def store_of(app: Flask) -> Store:
-    return app.extensions["sqlqueue"].store  # type: ignore[no-any-return]
 
 
 def clock(app: Flask) -> datetime:
@@ -60,11 +57,6 @@ def row(app: Flask, job_id: int) -> Any:
 def execute(app: Flask, statement: Any) -> int:
     with store_of(app).write() as conn:
         return conn.execute(statement).rowcount  # type: ignore[no-any-return]
-
-
-def burst(app: Flask, **options: Any) -> None:
-    options.setdefault("grace", 1.0)
-    run_burst(sample_app.queue.worker(WorkerOptions(**options), app))
 
 
 def lines(path: Path) -> list[list[str]]:

@@ -24,10 +24,9 @@ from flask import Flask
 from flask_sqlqueue.core import logcontext
 from flask_sqlqueue.core.logcontext import JsonFormatter
 from tests import sample_app
-from tests.conftest import ROOT
-from tests.conftest import flask_env
 from tests.conftest import run_flask
 from tests.waiting import scaled
+from tests.workers import queue_work
 
 
 def _enqueue(app: Flask) -> tuple[int, int]:
@@ -240,14 +239,9 @@ def test_log_level_leaves_out_the_lines_below_it(make_app: Any, database_uri: st
 def test_an_idle_worker_stops_at_sigterm_and_says_why(make_app: Any, database_uri: str) -> None:
     make_app()
     # A poll interval far longer than the wait below: the stop cannot wait for a poll.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flask", "queue", "work", "--poll-interval", "600"],
-        env=flask_env(database_uri),
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with queue_work(
+        database_uri, "--poll-interval", "600", stderr=subprocess.PIPE, text=True
+    ) as proc:
         assert proc.stderr is not None
         for line in proc.stderr:  # wait for the start line
             if " started: " in line:
@@ -257,11 +251,6 @@ def test_an_idle_worker_stops_at_sigterm_and_says_why(make_app: Any, database_ur
         code = proc.wait(timeout=scaled(30))
         took = time.monotonic() - sent
         rest = proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
     assert code == 0, rest
     assert took < scaled(10), took
     assert "SIGTERM: finishing running jobs" in rest

@@ -38,7 +38,9 @@ from tests.conftest import server_url
 from tests.waiting import WAIT
 from tests.waiting import scaled
 from tests.waiting import wait_for
+from tests.workers import queue_work
 from tests.workers import running
+from tests.workers import stop
 
 ADD = "tests.sample_app.add"
 FAILS = "tests.sample_app.always_fails"
@@ -85,22 +87,11 @@ def worker_process(
     environ = flask_env(database_uri, **env)
     if config:
         environ["FLASK_APP"] = f"tests.sample_app:create_app({config!r})"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flask", "queue", "work", "--poll-interval", "0.2", *args],
-        env=environ,
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    pipe: dict[str, Any] = {"stderr": subprocess.PIPE, "text": True}
+    with queue_work(database_uri, "--poll-interval", "0.2", *args, env=environ, **pipe) as proc:
         yield proc
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=WAIT)
+        err = stop(proc)
         assert proc.returncode == 0, err
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def serving(proc: subprocess.Popen[str], port: int) -> None:
@@ -442,20 +433,12 @@ def test_a_child_over_max_memory_is_replaced_after_its_attempt(
             hold.enqueue(str(log), "small"),
         ]
     args = ("--processes", "1", "--max-memory-per-child", str(LIMIT), "--poll-interval", "0.2")
-    with err.open("w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flask", "queue", "work", *args],
-            env=flask_env(database_uri),
-            cwd=ROOT,
-            stderr=stderr,
-            text=True,
-        )
-    try:
 
-        def pids() -> dict[int, str]:
-            lines = log.read_text().splitlines() if log.exists() else []
-            return {int(line.split()[2]): line.split()[4] for line in lines}
+    def pids() -> dict[int, str]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return {int(line.split()[2]): line.split()[4] for line in lines}
 
+    with err.open("w") as stderr, queue_work(database_uri, *args, stderr=stderr) as proc:
         # The second leak's child is seen over its limit while that attempt still runs
         # (its successor is started then), before the attempt is let finish.
         wait_for(lambda: "over its limit" in err.read_text(), "the leak seen")
@@ -464,10 +447,6 @@ def test_a_child_over_max_memory_is_replaced_after_its_attempt(
         wait_for(lambda: len(pids()) == len(jobs), "every job done", timeout=2 * WAIT)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT) == 0, err.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     ran = pids()
     by_job = [ran[job.id] for job in jobs]
     first, second, third = by_job[0], by_job[3], by_job[6]
@@ -493,15 +472,7 @@ def test_a_spare_child_runs_the_next_job_when_a_child_is_killed(
         doomed = sample_app.linger.using(max_attempts=1).enqueue(str(pid_file))
         after = sample_app.hold.enqueue(str(log), "after")
     args = ("--processes", "1", "--spare-children", "1", "--poll-interval", "0.2")
-    with err.open("w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flask", "queue", "work", *args],
-            env=flask_env(database_uri),
-            cwd=ROOT,
-            stderr=stderr,
-            text=True,
-        )
-    try:
+    with err.open("w") as stderr, queue_work(database_uri, *args, stderr=stderr) as proc:
         wait_for(lambda: pid_file.exists() and pid_file.read_text(), "the first job started")
         busy = int(pid_file.read_text())
         # Beside the busy child, a spare that has loaded the app, started before any kill.
@@ -511,10 +482,6 @@ def test_a_spare_child_runs_the_next_job_when_a_child_is_killed(
         wait_for(lambda: log.exists() and "done after" in log.read_text(), "the next job ran")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=WAIT) == 0, err.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     (line,) = log.read_text().splitlines()
     assert int(line.split()[4]) == spare  # the spare ran it: no wait for a fresh child
     with app.app_context():
@@ -551,14 +518,7 @@ def test_an_idle_process_worker_stops_at_sigterm_with_its_children_and_port(
     port = free_port()
     # A poll interval far longer than the waits below: the stop cannot wait for a poll.
     args = ("--processes", "2", "--poll-interval", "3600", "--metrics-port", str(port))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flask", "queue", "work", *args],
-        env=flask_env(database_uri),
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
+    with queue_work(database_uri, *args, stderr=subprocess.PIPE, text=True) as proc:
         assert proc.stderr is not None
         for line in proc.stderr:  # the children are up before the start line
             if " started: " in line:
@@ -571,11 +531,6 @@ def test_an_idle_process_worker_stops_at_sigterm_with_its_children_and_port(
         code = proc.wait(timeout=scaled(60))
         took = time.monotonic() - sent
         rest = proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
     assert code == 0, rest
     # Measured idle: 0.3-0.8 s from SIGTERM to exit (children and port included).
     assert took < scaled(10), took
@@ -588,6 +543,7 @@ def test_an_idle_process_worker_stops_at_sigterm_with_its_children_and_port(
         get(port, "/healthz")
 
 
+@pytest.mark.slow
 @pytest.mark.sqlite_only
 def test_idle_connections_to_the_worker_port_are_bounded_and_timed_out(
     make_app: Any, database_uri: str

@@ -31,7 +31,6 @@ from tests.test_dependencies import edges
 from tests.test_dependencies import job_count
 from tests.waiting import wait_for
 from tests.workers import running
-from tests.workflow_app import workflow_app  # noqa: F401  (fixture)
 
 WAITING, PENDING, COMPLETED = JobStatus.WAITING, JobStatus.PENDING, JobStatus.COMPLETED
 DEAD, CANCELLED = JobStatus.DEAD, JobStatus.CANCELLED
@@ -50,7 +49,7 @@ def batch_count(app: Flask) -> int:
 # -- chains ----------------------------------------------------------------------------------
 
 
-def test_a_chain_runs_its_steps_in_order(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_chain_runs_its_steps_in_order(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         made = queue.chain(
@@ -68,7 +67,7 @@ def test_a_chain_runs_its_steps_in_order(workflow_app: Flask) -> None:  # noqa: 
         assert c.refresh().result == {str(b.id): "b"}
 
 
-def test_a_step_that_ends_dead_cancels_the_rest_of_the_chain(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_step_that_ends_dead_cancels_the_rest_of_the_chain(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a, bad, c, d = queue.chain(w.step.step(), w.gives_up.step(), w.step.step(), w.step.step())
@@ -80,7 +79,7 @@ def test_a_step_that_ends_dead_cancels_the_rest_of_the_chain(workflow_app: Flask
     assert sorted(w.starts(app)) == [a.id, bad.id]
 
 
-def test_cancelling_the_first_unfinished_step_cancels_the_chain(workflow_app: Flask) -> None:  # noqa: F811
+def test_cancelling_the_first_unfinished_step_cancels_the_chain(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         a, b, c = queue.chain(w.step.using(delay=3600).step(), w.step.step(), w.step.step())
@@ -88,7 +87,7 @@ def test_cancelling_the_first_unfinished_step_cancels_the_chain(workflow_app: Fl
     assert statuses(app, a.id, b.id, c.id) == [CANCELLED] * 3
 
 
-def test_a_chain_is_checked_before_anything_is_written(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_chain_is_checked_before_anything_is_written(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         with pytest.raises(ValueError, match="at least one step"):
@@ -101,7 +100,7 @@ def test_a_chain_is_checked_before_anything_is_written(workflow_app: Flask) -> N
 
 
 def test_a_chain_and_a_batch_are_written_in_the_callers_transaction(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
 ) -> None:
     app = workflow_app
     engine = w.store_of(app).engine
@@ -123,7 +122,7 @@ def test_a_chain_and_a_batch_are_written_in_the_callers_transaction(
 
 
 def test_a_failing_step_in_the_queues_own_transaction_writes_nothing(
-    workflow_app: Flask,  # noqa: F811
+    workflow_app: Flask,
 ) -> None:
     app = workflow_app
     with app.app_context():
@@ -163,7 +162,7 @@ def assert_callbacks(
     assert_order(app, dict.fromkeys(ran_ids, ids))
 
 
-def test_a_batch_that_all_completes_runs_on_success_and_on_complete(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_batch_that_all_completes_runs_on_success_and_on_complete(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         batch = queue.batch([w.step.step(n) for n in range(3)], label="three", **callbacks())
@@ -187,7 +186,7 @@ def test_a_batch_that_all_completes_runs_on_success_and_on_complete(workflow_app
         assert found.on_complete.result == {str(i): n for n, i in enumerate(ids)}
 
 
-def test_a_batch_with_a_dead_member_runs_on_failure_and_on_complete(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_batch_with_a_dead_member_runs_on_failure_and_on_complete(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         batch = queue.batch([w.step.step(1), w.gives_up.step(), w.step.step(2)], **callbacks())
@@ -204,7 +203,7 @@ def test_a_batch_with_a_dead_member_runs_on_failure_and_on_complete(workflow_app
     assert (progress.counts[COMPLETED], progress.counts[DEAD]) == (2, 1)
 
 
-def test_a_callback_waits_for_every_member_however_each_ends(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_callback_waits_for_every_member_however_each_ends(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         batch = queue.batch(
@@ -225,7 +224,7 @@ def test_a_callback_waits_for_every_member_however_each_ends(workflow_app: Flask
     assert w.status(app, slow) == COMPLETED
 
 
-def test_a_batch_of_callbacks_in_any_subset(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_batch_of_callbacks_in_any_subset(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         only = queue.batch([w.step.step()], on_complete=w.step.step())
@@ -239,7 +238,7 @@ def test_a_batch_of_callbacks_in_any_subset(workflow_app: Flask) -> None:  # noq
         assert queue.get_batch(10**9) is None
 
 
-def test_a_batch_is_checked_before_anything_is_written(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_batch_is_checked_before_anything_is_written(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         with pytest.raises(ValueError, match="at least one step"):
@@ -253,7 +252,7 @@ def test_a_batch_is_checked_before_anything_is_written(workflow_app: Flask) -> N
     assert job_count(app) == 0 and batch_count(app) == 0
 
 
-def test_cancelling_a_batch_cancels_what_has_not_run(workflow_app: Flask) -> None:  # noqa: F811
+def test_cancelling_a_batch_cancels_what_has_not_run(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         batch = queue.batch(
@@ -277,7 +276,7 @@ def test_cancelling_a_batch_cancels_what_has_not_run(workflow_app: Flask) -> Non
             queue.cancel_batch(10**9)
 
 
-def test_drain_and_eager_mode_run_chains_and_batches(workflow_app: Flask, tmp_path: Path) -> None:  # noqa: F811
+def test_drain_and_eager_mode_run_chains_and_batches(workflow_app: Flask, tmp_path: Path) -> None:
     app = workflow_app
     with app.app_context():
         a, b = queue.chain(w.step.step("a"), w.collects.step())
@@ -300,7 +299,7 @@ def test_drain_and_eager_mode_run_chains_and_batches(workflow_app: Flask, tmp_pa
 # -- where people see it -----------------------------------------------------------------------
 
 
-def test_the_command_line_and_the_admin_name_a_jobs_batch(workflow_app: Flask) -> None:  # noqa: F811
+def test_the_command_line_and_the_admin_name_a_jobs_batch(workflow_app: Flask) -> None:
     app = workflow_app
     with app.app_context():
         batch = queue.batch([w.step.step(), w.step.using(delay=3600).step()], label="nightly")
@@ -323,7 +322,7 @@ def test_the_command_line_and_the_admin_name_a_jobs_batch(workflow_app: Flask) -
 # -- the schema --------------------------------------------------------------------------------
 
 
-def test_a_downgrade_drops_batches_and_an_upgrade_brings_them_back(workflow_app: Flask) -> None:  # noqa: F811
+def test_a_downgrade_drops_batches_and_an_upgrade_brings_them_back(workflow_app: Flask) -> None:
     app = workflow_app
     store = w.store_of(app)
     with app.app_context():

@@ -23,15 +23,14 @@ from flask import current_app
 
 from flask_sqlqueue import PermanentFailure
 from flask_sqlqueue import SQLQueue
-from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
 from tests.conftest import install_schema
 from tests.control_app import row as row
-from tests.control_app import store_of as store_of
 from tests.sample_app import queue_app
+from tests.stores import burst as burst
+from tests.stores import store_of as store_of
 from tests.waiting import WAIT
 from tests.waiting import scaled
-from tests.workers import run_burst
 
 queue = SQLQueue()
 
@@ -147,11 +146,6 @@ def ran(app: Flask) -> list[tuple[str, int]]:
 
 def starts(app: Flask) -> list[int]:
     return [job for kind, job in ran(app) if kind == "start"]
-
-
-def burst(app: Flask, **options: Any) -> None:
-    options.setdefault("grace", 1.0)
-    run_burst(queue.worker(WorkerOptions(**options), app))
 
 
 def run_doc_example(tmp_path: Path, name: str, doc: str = "workflows.md") -> list[str]:
