@@ -22,6 +22,7 @@ from typing import Protocol
 from ..exceptions import PayloadError
 from ..exceptions import PayloadTooLarge
 from ..exceptions import UnknownTask
+from . import producing
 from .hooks import Enqueueing
 from .jobs import Job
 from .options import Call as Call
@@ -32,6 +33,7 @@ from .options import check_options as check_options
 from .options import check_task_name
 from .options import misfit
 from .payload import encode_payload
+from .producing import Encoded
 from .store import Store
 from .tasks import Task
 
@@ -46,10 +48,6 @@ class RunsJobs(Protocol):
     """What eager mode needs: a worker that runs one job now (``Worker.run_job``)."""
 
     def run_job(self, job_id: int) -> bool: ...
-
-
-#: What a call is encoded into: ``(payload, idempotency key, concurrency key)``.
-Encoded = tuple[str, str | None, str | None]
 
 
 def enqueue(
@@ -141,20 +139,12 @@ def _write(
 ) -> list[Job]:
     """Check and encode every call, then write their jobs (see :func:`enqueue`)."""
     rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded, version)
-    if many:
-        return store.enqueue_many(name, rows, options)
-    ((payload, key, limit),) = rows
     unique = options.unique
-    token = None if unique is None else unique.token(name, payload, _signature(found))
-    if (key, limit, token) != (
-        options.idempotency_key,
-        options.concurrency_key,
-        options.unique_key,
-    ):
-        options = dataclasses.replace(
-            options, idempotency_key=key, concurrency_key=limit, unique_key=token
-        )
-    return [store.enqueue(name, payload, options)]
+    if unique is not None:  # one call (enqueue_many refuses unique=)
+        token = unique.token(name, rows[0][0], _signature(found))
+        if token != options.unique_key:
+            options = dataclasses.replace(options, unique_key=token)
+    return producing.enqueue(store, name, rows, options)
 
 
 def encode_arguments(
