@@ -25,9 +25,11 @@ from ..exceptions import UnknownTask
 from . import producing
 from .hooks import Enqueueing
 from .jobs import Job
+from .options import NO_MACHINERY
 from .options import Call as Call
 from .options import CallLike as CallLike
 from .options import EnqueueOptions as EnqueueOptions
+from .options import Machinery
 from .options import check_key
 from .options import check_options as check_options
 from .options import check_task_name
@@ -61,6 +63,7 @@ def enqueue(
     unregistered: bool = False,
     encoded: bool = False,
     eager: RunsJobs | None = None,
+    machinery: Machinery = NO_MACHINERY,
 ) -> list[Job]:
     """Check every call, then write one job per call in one transaction; committed on
     return unless ``options.session`` is given.
@@ -78,6 +81,7 @@ def enqueue(
         check it, and stored in its canonical form.
     :param eager: run each job of a registered task at once with this worker, and
         return it as it is then.
+    :param machinery: what the queue itself sets on the jobs (a batch's, say).
     :returns: the jobs, in the order of ``calls``; a call whose idempotency key is held
         already (or repeats an earlier call's) gives the job that holds it, and so does
         one whose ``options.unique`` key a job holds in scope (docs/uniqueness.md).
@@ -110,7 +114,7 @@ def enqueue(
     version = _version(found, name, options.version)
     hooks = store.hooks
     if not hooks.enqueue:
-        made = _write(store, found, name, calls, options, many, encoded, version)
+        made = _write(store, found, name, calls, options, many, encoded, version, machinery)
     else:
         meta = dict(options.meta or {})
         queue = options.queue or "default"
@@ -118,7 +122,7 @@ def enqueue(
         with hooks.around_enqueue(enqueueing):
             if enqueueing.meta != meta:  # a hook added to it (a trace context, say)
                 options = dataclasses.replace(options, meta=enqueueing.meta)
-            made = _write(store, found, name, calls, options, many, encoded, version)
+            made = _write(store, found, name, calls, options, many, encoded, version, machinery)
             enqueueing.jobs = made
     if eager is not None and found is not None:
         for job in dict.fromkeys(made):  # a key repeated in the batch is one job
@@ -136,15 +140,15 @@ def _write(
     many: bool,
     encoded: bool,
     version: int,
+    machinery: Machinery,
 ) -> list[Job]:
     """Check and encode every call, then write their jobs (see :func:`enqueue`)."""
     rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded, version)
     unique = options.unique
     if unique is not None:  # one call (enqueue_many refuses unique=)
         token = unique.token(name, rows[0][0], _signature(found))
-        if token != options.unique_key:
-            options = dataclasses.replace(options, unique_key=token)
-    return producing.enqueue(store, name, rows, options)
+        machinery = dataclasses.replace(machinery, unique_key=token)
+    return producing.enqueue(store, name, rows, options, machinery)
 
 
 def encode_arguments(

@@ -33,7 +33,9 @@ from . import uniqueness
 from .inserts import PLAIN
 from .jobs import Job
 from .models import jobs
+from .options import NO_MACHINERY
 from .options import EnqueueOptions
+from .options import Machinery
 from .options import job_values
 from .store import Store
 from .store import caller_of
@@ -61,7 +63,11 @@ _KEYS_PER_READ = 1_000
 
 
 def enqueue(
-    store: Store, task: str, calls: Sequence[Encoded], options: EnqueueOptions
+    store: Store,
+    task: str,
+    calls: Sequence[Encoded],
+    options: EnqueueOptions,
+    machinery: Machinery = NO_MACHINERY,
 ) -> list[Job]:
     """Write one job of ``task`` per call, in one transaction; the jobs in the order of
     ``calls``. Producers go through :func:`.enqueue.enqueue`, which checks them first.
@@ -70,13 +76,19 @@ def enqueue(
     gives that job, and so does one whose ``options.unique`` key a job holds in scope.
     """
     values = job_values(
-        task, "", options, default_max_attempts=store.settings.max_attempts, now=store.now()
+        task,
+        "",
+        options,
+        default_max_attempts=store.settings.max_attempts,
+        now=store.now(),
+        machinery=machinery,
     )
     rows = [
         {**values, "payload": payload, "idempotency_key": key, "concurrency_key": limit}
         for payload, key, limit in calls
     ]
     depends_on = options.dependency_ids
+    require = machinery.require
     if len(rows) == 1 and options.session is None and not depends_on:
         made = _enqueue_plain(store, rows[0])
         if made is not None:
@@ -90,7 +102,7 @@ def enqueue(
         if depends_on:
             # Every job of the call has the same dependencies, so the same start.
             start = dependencies.prepare(
-                conn, depends_on, require=options.require, batch_id=options.batch_id
+                conn, depends_on, require=require, batch_id=machinery.batch_id
             ).values(created)
             for row in rows:
                 row.update(start)
@@ -99,7 +111,7 @@ def enqueue(
         # New jobs only, each once: not a job holding a key, nor a key repeated.
         new = list(dict.fromkeys(job.id for job in made if job.created_at is created))
         if depends_on:
-            dependencies.link(conn, new, depends_on, require=options.require)
+            dependencies.link(conn, new, depends_on, require=require)
         if labels and new:
             tags.link(conn, new, labels)
         return made
