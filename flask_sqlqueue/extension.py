@@ -47,11 +47,14 @@ from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
 from .core.enqueue import check_options
 from .core.enqueue import enqueue
-from .core.failures import BackoffFunc
 from .core.hooks import Hooks
 from .core.isolation import RuntimeLoader
 from .core.jobs import Job
-from .core.limits import TaskLimits
+from .core.options import ByNameOptions
+from .core.options import EnqueueByName
+from .core.options import EnqueueManyByName
+from .core.options import check_keywords
+from .core.options import split_by_name
 from .core.periodic import DEFAULT_BACKFILL_LIMIT
 from .core.periodic import DEFAULT_BACKFILL_WINDOW
 from .core.periodic import Schedule
@@ -60,11 +63,9 @@ from .core.periodic import describe as describe_schedules
 from .core.store import Store
 from .core.tasks import Step
 from .core.tasks import Task
+from .core.tasks import TaskDeclaration
 from .core.tasks import TaskOptions
 from .core.tasks import TaskRegistry
-from .core.tasks import check_timeout
-from .core.uniqueness import Unique
-from .core.versions import Upcaster
 from .core.worker import Worker
 from .core.worker import WorkerOptions
 from .exceptions import ConfigurationError
@@ -267,25 +268,7 @@ class QueueExtension:
 
     @overload
     def task(
-        self,
-        fn: None = None,
-        /,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        backoff: BackoffFunc | None = None,
-        timeout: float | None = None,
-        isolate: bool = False,
-        concurrency: int | None = None,
-        concurrency_key: Callable[..., object] | None = None,
-        rate_limit: tuple[int, float | timedelta] | None = None,
-        tags: Sequence[str] | None = None,
-        expires: float | timedelta | None = None,
-        version: int = 1,
-        upcast: Mapping[int, Upcaster] | None = None,
-        unique: Unique | None = None,
+        self, fn: None = None, /, *, name: str | None = None, **options: Unpack[TaskOptions]
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -294,20 +277,7 @@ class QueueExtension:
         /,
         *,
         name: str | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        max_attempts: int | None = None,
-        backoff: BackoffFunc | None = None,
-        timeout: float | None = None,
-        isolate: bool = False,
-        concurrency: int | None = None,
-        concurrency_key: Callable[..., object] | None = None,
-        rate_limit: tuple[int, float | timedelta] | None = None,
-        tags: Sequence[str] | None = None,
-        expires: float | timedelta | None = None,
-        version: int = 1,
-        upcast: Mapping[int, Upcaster] | None = None,
-        unique: Unique | None = None,
+        **options: Unpack[TaskOptions],
     ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
         """Register a function as a task, bare (``@queue.task``) or with options.
 
@@ -346,41 +316,10 @@ class QueueExtension:
         :raises ConfigurationError: a limit is invalid.
         :raises ValueError: ``timeout`` is not a positive number of seconds.
         """
-        check_options(queue=queue, priority=priority, max_attempts=max_attempts)
-        check_timeout(timeout)
-        if isinstance(expires, datetime):
-            raise TypeError(
-                "@queue.task(expires=...) is a span after each enqueue (seconds or a "
-                "timedelta); give a datetime per call with .using(expires=...)."
-            )
-        defaults = EnqueueOptions(
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            tags=tags,
-            expires=expires,
-            unique=unique,
-        )
-        if not isinstance(isolate, bool):
-            raise TypeError(f"isolate must be True or False, got {isolate!r}.")
-        limits = TaskLimits.declare(
-            concurrency=concurrency, concurrency_key=concurrency_key, rate_limit=rate_limit
-        )
+        declared = TaskDeclaration(options, self._produce)
 
         def register(function: Callable[P, R]) -> Task[P, R]:
-            task_name = name or f"{function.__module__}.{function.__qualname__}"
-            task: Task[P, R] = Task(
-                function,
-                name=task_name,
-                options=defaults,
-                backoff=backoff,
-                producer=self._produce,
-                timeout=timeout,
-                isolate=isolate,
-                limits=limits,
-                version=version,
-                upcast=upcast,
-            )
+            task = declared.make(function, name)
             self.registry.add(task)
             return task
 
@@ -459,22 +398,7 @@ class QueueExtension:
         task: str,
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        idempotency_key: str | None = None,
-        session: Session | scoped_session[Any] | Connection | None = None,
-        depends_on: Sequence[Job | int] | None = None,
-        tags: Sequence[str] | None = None,
-        meta: Mapping[str, Any] | None = None,
-        expires: float | timedelta | datetime | None = None,
-        unique: Unique | None = None,
-        unregistered: bool = False,
-        encoded: bool = False,
-        version: int | None = None,
+        **options: Unpack[EnqueueByName],
     ) -> Job:
         """Enqueue a task by name, for code that does not import it.
 
@@ -499,25 +423,9 @@ class QueueExtension:
         :raises ValueError: a value would not round-trip, the arguments are larger than
             the database stores, or an option is invalid.
         """
-        options = EnqueueOptions(
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            run_at=run_at,
-            max_attempts=max_attempts,
-            idempotency_key=idempotency_key,
-            session=session,
-            depends_on=depends_on,
-            tags=tags,
-            meta=meta,
-            expires=expires,
-            version=version,
-            unique=unique,
-        )
-        (job,) = self._produce(
-            task, [Call(args, {} if kwargs is None else kwargs)], options,
-            many=False, unregistered=unregistered, encoded=encoded,
-        )  # fmt: skip
+        check_keywords(options, EnqueueByName, "QueueExtension.enqueue")
+        call = Call(args, {} if kwargs is None else kwargs)
+        (job,) = self._produce(task, [call], *split_by_name(options), many=False)
         return job
 
     aenqueue = in_thread(
@@ -532,20 +440,7 @@ class QueueExtension:
         self,
         task: str,
         calls: Iterable[CallLike],
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        session: Session | scoped_session[Any] | Connection | None = None,
-        depends_on: Sequence[Job | int] | None = None,
-        tags: Sequence[str] | None = None,
-        meta: Mapping[str, Any] | None = None,
-        expires: float | timedelta | datetime | None = None,
-        unregistered: bool = False,
-        encoded: bool = False,
-        version: int | None = None,
+        **options: Unpack[EnqueueManyByName],
     ) -> list[Job]:
         """Enqueue many jobs of a task by name in one transaction: what
         :meth:`Task.enqueue_many` does, for code that does not import the task.
@@ -560,32 +455,17 @@ class QueueExtension:
         :param version: as for :meth:`enqueue`.
         :raises UnknownTask: as :meth:`enqueue`; nothing is written.
         """
-        options = EnqueueOptions(
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            run_at=run_at,
-            max_attempts=max_attempts,
-            session=session,
-            depends_on=depends_on,
-            tags=tags,
-            meta=meta,
-            expires=expires,
-            version=version,
-        )
-        return self._produce(
-            task, calls, options, many=True, unregistered=unregistered, encoded=encoded
-        )
+        check_keywords(options, EnqueueManyByName, "QueueExtension.enqueue_many")
+        return self._produce(task, calls, *split_by_name(options), many=True)
 
     def _produce(
         self,
         task: Task[Any, Any] | str,
         calls: Iterable[CallLike],
         options: EnqueueOptions,
+        by_name: ByNameOptions | None = None,
         *,
         many: bool,
-        unregistered: bool = False,
-        encoded: bool = False,
     ) -> list[Job]:
         """Every enqueue of the app: find its store, then the core's one path."""
         state = self.state()
@@ -598,8 +478,8 @@ class QueueExtension:
             options,
             registry=self.registry,
             many=many,
-            unregistered=unregistered,
-            encoded=encoded,
+            unregistered=(by_name or {}).get("unregistered", False),
+            encoded=(by_name or {}).get("encoded", False),
             eager=eager,
         )
 

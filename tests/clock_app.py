@@ -1,6 +1,6 @@
 """A queue whose host wall clock a test can step: ``flask --app tests.clock_app ...``.
 
-The queue reads the wall clock in one place, ``flask_sqlqueue.core.store.utcnow`` (the
+The queue reads the wall clock in one place, ``flask_sqlqueue.core.clock.utcnow`` (the
 seam ``test_a_skewed_host_uses_the_database_clock`` patches too). With ``CLOCK_STEP_FILE``
 set, this app adds to every reading the seconds written in that file, read afresh each
 time: writing ``-3600`` there while the process runs is what setting its host's clock an
@@ -21,7 +21,7 @@ from flask import Flask
 
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import current_job
-from flask_sqlqueue.core import store as store_module
+from flask_sqlqueue.core import clock as clock_module
 from tests.sample_app import queue_app
 
 WAIT = 300.0  # the longest a task waits for its release file
@@ -45,12 +45,12 @@ def hold(log: str, release: str) -> int:
 @queue.task(name="clock.wall")
 def wall() -> float:
     """The wall clock of the process that runs it, as the queue reads it."""
-    return store_module.utcnow().timestamp()
+    return clock_module.utcnow().timestamp()
 
 
 def stepped_clock(path: str) -> Any:
     """``utcnow`` plus the seconds in the file at ``path`` (0 while it is empty)."""
-    real = store_module.utcnow
+    real = clock_module.utcnow
 
     def utcnow() -> datetime:
         text = Path(path).read_text().strip()
@@ -64,7 +64,7 @@ def create_app(config: dict[str, Any] | None = None) -> Flask:
     app = queue_app(__name__, queue, {"SQLQUEUE_STALE_AFTER": stale_after, **(config or {})})
     step_file = os.environ.get("CLOCK_STEP_FILE")
     if step_file:
-        store_module.utcnow = stepped_clock(step_file)  # type: ignore[assignment]
+        clock_module.utcnow = stepped_clock(step_file)  # type: ignore[assignment]
     boot_id = os.environ.get("CLOCK_BOOT_ID")
     if boot_id:
         from flask_sqlqueue.core.liveness import BootClock

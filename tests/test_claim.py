@@ -14,11 +14,13 @@ from flask_sqlqueue.core.claim import claim_job
 from flask_sqlqueue.core.models import utcnow
 from flask_sqlqueue.core.options import EnqueueOptions
 from flask_sqlqueue.core.payload import encode_payload
+from flask_sqlqueue.core.producing import enqueue
 from flask_sqlqueue.core.store import Store
 
 
 def _add(store: Store, task: str = "t", **options: object) -> int:
-    return store.enqueue(task, encode_payload([], {}), EnqueueOptions(**options)).id  # type: ignore[arg-type]
+    made = enqueue(store, task, [(encode_payload([], {}), None, None)], EnqueueOptions(**options))  # type: ignore[arg-type]
+    return made[0].id
 
 
 def _request(store: Store, limit: int, **fields: object) -> ClaimRequest:

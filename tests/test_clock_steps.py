@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from flask_sqlqueue.core import store as store_module
+from flask_sqlqueue.core import clock as clock_module
 from tests import clock_app
 from tests.conftest import ROOT
 from tests.conftest import flask_env
@@ -274,8 +274,8 @@ def test_a_producer_whose_clock_steps_still_stamps_the_database_time(
     store = server_app.extensions["sqlqueue"].store
     with server_app.app_context():
         clock_app.wall.enqueue()  # the producer has read the database's clock
-        real = store_module.utcnow
-        monkeypatch.setattr(store_module, "utcnow", lambda: real() + timedelta(seconds=step))
+        real = clock_module.utcnow
+        monkeypatch.setattr(clock_module, "utcnow", lambda: real() + timedelta(seconds=step))
         before = database_now(database_uri, backend)
         made = clock_app.wall.using(delay=timedelta(minutes=30)).enqueue()
         after = database_now(database_uri, backend)

@@ -37,6 +37,7 @@ from flask_sqlqueue.core.models import VERSION_TABLE
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import metadata
 from flask_sqlqueue.core.options import EnqueueOptions
+from flask_sqlqueue.core.producing import enqueue
 from flask_sqlqueue.core.store import Store
 from tests import sample_app
 from tests.conftest import query
@@ -436,10 +437,13 @@ def test_upgrade_to_growing_ids_keeps_every_job(
     schema.upgrade(store.engine, "0004")
     slots = [f"{schedule.KEY_PREFIX}hourly:2024-06-03T{hour:02d}:00:00Z" for hour in (9, 11, 10)]
     given = [
-        store.enqueue("hourly", EMPTY_PAYLOAD, EnqueueOptions(idempotency_key=key)).id
+        enqueue(store, "hourly", [(EMPTY_PAYLOAD, key, None)], EnqueueOptions())[0].id
         for key in slots
     ]
-    given += [store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id for _ in range(3)]
+    given += [
+        enqueue(store, "some.task", [(EMPTY_PAYLOAD, None, None)], EnqueueOptions())[0].id
+        for _ in range(3)
+    ]
     with store.write() as conn:
         store.ops.insert_effect(conn, "mail:1", given[-1], store.now())
     # As a version of that schema deleted them (this one also deletes their dependencies,
@@ -457,7 +461,7 @@ def test_upgrade_to_growing_ids_keeps_every_job(
         assert periodic.last_slots(conn, ["hourly", "some.task"]) == {
             "hourly": datetime(2024, 6, 3, 11, tzinfo=UTC)
         }
-    newer = store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id
+    newer = enqueue(store, "some.task", [(EMPTY_PAYLOAD, None, None)], EnqueueOptions())[0].id
     assert newer > max(given)
     given.append(newer)
     kept = _jobs(database_uri)
@@ -481,8 +485,8 @@ def test_downgrading_big_payloads_puts_them_back_in_their_rows(
     app = make_app({"SQLQUEUE_INLINE_PAYLOAD_LIMIT": 100})
     store = store_of(app)
     big = '{"args":["' + "x" * 300 + '"],"kwargs":{}}'
-    outside = store.enqueue("some.task", big, EnqueueOptions()).id
-    inline = store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id
+    outside = enqueue(store, "some.task", [(big, None, None)], EnqueueOptions())[0].id
+    inline = enqueue(store, "some.task", [(EMPTY_PAYLOAD, None, None)], EnqueueOptions())[0].id
     assert _sql(database_uri, "SELECT job_id FROM sqlqueue_payloads") == [(outside,)]
     schema.downgrade(store.engine, "0016")
     assert "sqlqueue_payloads" not in _tables(database_uri)
@@ -622,7 +626,8 @@ def test_second_writer_waits_at_begin_until_the_first_commits(
 def test_reads_do_not_wait_for_a_writer(two_stores: tuple[Store, Store]) -> None:
     holder, impatient = two_stores
     with holder.write() as conn:
-        job = holder.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions(session=conn))
+        options = EnqueueOptions(session=conn)
+        (job,) = enqueue(holder, "some.task", [(EMPTY_PAYLOAD, None, None)], options)
         # A read that waited for the lock would fail after its 0.2 s busy timeout with
         # "database is locked"; these see the last committed state, without the new row.
         with impatient.read() as reader:
@@ -656,7 +661,10 @@ def test_upgrade_counts_every_rescue_so_far_as_a_crash(make_app: Any, database_u
     app = make_app(upgrade=False)
     store = store_of(app)
     schema.upgrade(store.engine, "0018")
-    ids = [store.enqueue("some.task", EMPTY_PAYLOAD, EnqueueOptions()).id for _ in range(2)]
+    ids = [
+        enqueue(store, "some.task", [(EMPTY_PAYLOAD, None, None)], EnqueueOptions())[0].id
+        for _ in range(2)
+    ]
     _sql(database_uri, f"UPDATE sqlqueue_jobs SET rescues = 2 WHERE id = {ids[0]}")
     schema.upgrade(store.engine)
     counted = {job_id: store.get_job(job_id) for job_id in ids}

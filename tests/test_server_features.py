@@ -90,15 +90,15 @@ def test_idle_worker_wakes_for_another_process_long_before_its_poll(wake_uri: st
 def test_a_skewed_host_uses_the_database_clock(
     server_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from flask_sqlqueue.core import store as store_module
+    from flask_sqlqueue.core import clock as clock_module
 
     app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": server_uri})
     sample_app.queue.upgrade_database(app=app)
     store = app.extensions["sqlqueue"].store
     try:
-        real = store_module.utcnow
+        real = clock_module.utcnow
         # This host's clock runs two hours fast.
-        monkeypatch.setattr(store_module, "utcnow", lambda: real() + timedelta(hours=2))
+        monkeypatch.setattr(clock_module, "utcnow", lambda: real() + timedelta(hours=2))
         offset = store.sync_clock()
         assert abs(offset + timedelta(hours=2)) < timedelta(seconds=2)
         assert abs(store.now() - real()) < timedelta(seconds=2)

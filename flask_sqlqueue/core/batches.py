@@ -38,6 +38,7 @@ from .models import batches
 from .models import jobs
 from .options import Call
 from .options import EnqueueOptions
+from .options import Machinery
 from .store import Store
 from .tasks import Step
 from .tasks import Task
@@ -303,11 +304,16 @@ def _write(
         EnqueueOptions(
             session=target,
             depends_on=[*step.options.dependency_ids, *depends_on] or None,
-            require=require,
-            batch_id=batch_id,
         )
     )
-    (job,) = enqueue(store, step.task, [Call(step.args, step.kwargs)], options, registry=registry)
+    (job,) = enqueue(
+        store,
+        step.task,
+        [Call(step.args, step.kwargs)],
+        options,
+        registry=registry,
+        machinery=Machinery(require=require, batch_id=batch_id),
+    )
     return job
 
 

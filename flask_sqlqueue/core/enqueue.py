@@ -22,16 +22,20 @@ from typing import Protocol
 from ..exceptions import PayloadError
 from ..exceptions import PayloadTooLarge
 from ..exceptions import UnknownTask
+from . import producing
 from .hooks import Enqueueing
 from .jobs import Job
+from .options import NO_MACHINERY
 from .options import Call as Call
 from .options import CallLike as CallLike
 from .options import EnqueueOptions as EnqueueOptions
+from .options import Machinery
 from .options import check_key
 from .options import check_options as check_options
 from .options import check_task_name
 from .options import misfit
 from .payload import encode_payload
+from .producing import Encoded
 from .store import Store
 from .tasks import Task
 
@@ -48,10 +52,6 @@ class RunsJobs(Protocol):
     def run_job(self, job_id: int) -> bool: ...
 
 
-#: What a call is encoded into: ``(payload, idempotency key, concurrency key)``.
-Encoded = tuple[str, str | None, str | None]
-
-
 def enqueue(
     store: Store,
     task: Task[Any, Any] | str,
@@ -63,6 +63,7 @@ def enqueue(
     unregistered: bool = False,
     encoded: bool = False,
     eager: RunsJobs | None = None,
+    machinery: Machinery = NO_MACHINERY,
 ) -> list[Job]:
     """Check every call, then write one job per call in one transaction; committed on
     return unless ``options.session`` is given.
@@ -80,6 +81,7 @@ def enqueue(
         check it, and stored in its canonical form.
     :param eager: run each job of a registered task at once with this worker, and
         return it as it is then.
+    :param machinery: what the queue itself sets on the jobs (a batch's, say).
     :returns: the jobs, in the order of ``calls``; a call whose idempotency key is held
         already (or repeats an earlier call's) gives the job that holds it, and so does
         one whose ``options.unique`` key a job holds in scope (docs/uniqueness.md).
@@ -112,7 +114,7 @@ def enqueue(
     version = _version(found, name, options.version)
     hooks = store.hooks
     if not hooks.enqueue:
-        made = _write(store, found, name, calls, options, many, encoded, version)
+        made = _write(store, found, name, calls, options, many, encoded, version, machinery)
     else:
         meta = dict(options.meta or {})
         queue = options.queue or "default"
@@ -120,7 +122,7 @@ def enqueue(
         with hooks.around_enqueue(enqueueing):
             if enqueueing.meta != meta:  # a hook added to it (a trace context, say)
                 options = dataclasses.replace(options, meta=enqueueing.meta)
-            made = _write(store, found, name, calls, options, many, encoded, version)
+            made = _write(store, found, name, calls, options, many, encoded, version, machinery)
             enqueueing.jobs = made
     if eager is not None and found is not None:
         for job in dict.fromkeys(made):  # a key repeated in the batch is one job
@@ -138,23 +140,15 @@ def _write(
     many: bool,
     encoded: bool,
     version: int,
+    machinery: Machinery,
 ) -> list[Job]:
     """Check and encode every call, then write their jobs (see :func:`enqueue`)."""
     rows = _encode_calls(store, found, calls, many, options.idempotency_key, encoded, version)
-    if many:
-        return store.enqueue_many(name, rows, options)
-    ((payload, key, limit),) = rows
     unique = options.unique
-    token = None if unique is None else unique.token(name, payload, _signature(found))
-    if (key, limit, token) != (
-        options.idempotency_key,
-        options.concurrency_key,
-        options.unique_key,
-    ):
-        options = dataclasses.replace(
-            options, idempotency_key=key, concurrency_key=limit, unique_key=token
-        )
-    return [store.enqueue(name, payload, options)]
+    if unique is not None:  # one call (enqueue_many refuses unique=)
+        token = unique.token(name, rows[0][0], _signature(found))
+        machinery = dataclasses.replace(machinery, unique_key=token)
+    return producing.enqueue(store, name, rows, options, machinery)
 
 
 def encode_arguments(

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..bounds import positive_seconds
+from .bigpayloads import full
 from .models import JobStatus
 from .models import UTCDateTime
 from .models import jobs
@@ -304,6 +305,12 @@ def _wait_options(timeout: object, poll_interval: object) -> tuple[float | None,
 #: past 9999 or infinity from PostgreSQL (the driver's DataError, raised for the rows
 #: fetched with it).
 UNDECODABLE = (ValueError, TypeError, AttributeError, sa.exc.DataError)
+
+
+def read_whole(conn: Connection, query: sa.Select[Any]) -> list[Any]:
+    """:func:`read_rows` of whole rows of ``sqlqueue_jobs``, each payload kept outside
+    its row put back (:func:`.bigpayloads.full`: one more SELECT, only if any is)."""
+    return full(conn, read_rows(conn, query))
 
 
 def read_rows(conn: Connection, query: sa.Select[Any]) -> Sequence[Any]:

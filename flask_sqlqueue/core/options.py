@@ -22,6 +22,7 @@ from datetime import datetime
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import TypedDict
 from typing import cast
 
 from sqlalchemy.engine import Connection
@@ -46,7 +47,8 @@ _INT32 = 2**31
 
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
-    """Per-call options; ``None`` means "the task's default"."""
+    """Per-call options; ``None`` means "the task's default". What callers say, and only
+    that: what the queue sets on a job itself is a :class:`Machinery`."""
 
     queue: str | None = None
     priority: int | None = None
@@ -55,16 +57,9 @@ class EnqueueOptions:
     max_attempts: int | None = None
     idempotency_key: str | None = None
     session: Session | scoped_session[Any] | Connection | None = None
-    #: The key a task's ``concurrency_key`` gave for this call's arguments (limits.py).
-    concurrency_key: str | None = None
     #: The jobs (or their ids) that must complete before this one runs; kept as the
     #: sorted, distinct ids, ``None`` for none (core/dependencies.py).
     depends_on: Sequence[Job | int] | None = None
-    #: What the job requires of each of ``depends_on`` (core/dependencies.py, REQUIRES);
-    #: ``None``: that it completed. Set by batches, for their callbacks.
-    require: str | None = None
-    #: The batch the job belongs to (core/batches.py); set by batches only.
-    batch_id: int | None = None
     #: Short labels to filter jobs by (core/tags.py); kept as distinct tags in their
     #: order, ``None`` for none. A task's tags and a call's add up.
     tags: Sequence[str] | None = None
@@ -80,8 +75,6 @@ class EnqueueOptions:
     #: At most one job per key while in scope, and what a conflict does
     #: (core/uniqueness.py, docs/uniqueness.md).
     unique: Unique | None = None
-    #: The key ``unique`` gave for this call's arguments; set by enqueue() only.
-    unique_key: str | None = None
 
     def __post_init__(self) -> None:
         check_options(
@@ -144,6 +137,97 @@ class EnqueueOptions:
             cast("tuple[str, ...] | None", self.tags), cast("tuple[str, ...] | None", other.tags)
         )
         return EnqueueOptions(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Machinery:
+    """What the queue's own machinery sets on new jobs, never a caller: passed beside
+    :class:`EnqueueOptions`, so that no public signature can set it."""
+
+    #: The key a task's ``concurrency_key`` gave for the call's arguments (limits.py);
+    #: each call of a batch carries its own (``.producing.Encoded``).
+    concurrency_key: str | None = None
+    #: What the job requires of each of ``depends_on`` (core/dependencies.py, REQUIRES);
+    #: ``None``: that it completed. Set by batches, for their callbacks.
+    require: str | None = None
+    #: The batch the job belongs to (core/batches.py); set by batches only.
+    batch_id: int | None = None
+    #: The key ``unique`` gave for the call's arguments; set by enqueue() only.
+    unique_key: str | None = None
+
+
+#: Nothing set by the machinery.
+NO_MACHINERY = Machinery()
+
+
+# -- the vocabulary of the public signatures ------------------------------------------------
+#
+# Declared once, here, for ``**options: Unpack[...]``: ``Task.using``, ``SQLQueue.enqueue``
+# and ``SQLQueue.enqueue_many`` (and ``@queue.task``'s ``TaskOptions``, in tasks.py).
+# Each key is a field of EnqueueOptions, described at ``Task.using``;
+# tests/test_options_vocabulary.py holds the signatures to these.
+
+
+class CallOptions(TypedDict, total=False):
+    """The options every enqueue takes, one job or many; ``None``: the task's default."""
+
+    queue: str | None
+    priority: int | None
+    delay: float | timedelta | None
+    run_at: datetime | None
+    max_attempts: int | None
+    session: Session | scoped_session[Any] | Connection | None
+    depends_on: Sequence[Job | int] | None
+    tags: Sequence[str] | None
+    meta: Mapping[str, Any] | None
+    expires: float | timedelta | datetime | None
+
+
+class UsingOptions(CallOptions, total=False):
+    """The options of ``Task.using``: those of one job, which may hold a key."""
+
+    idempotency_key: str | None
+    unique: Unique | None
+
+
+class ByNameOptions(TypedDict, total=False):
+    """What an enqueue by name adds, for a producer that does not import the task."""
+
+    unregistered: bool
+    encoded: bool
+    version: int | None
+
+
+class EnqueueByName(UsingOptions, ByNameOptions, total=False):
+    """The options of ``SQLQueue.enqueue``."""
+
+
+class EnqueueManyByName(CallOptions, ByNameOptions, total=False):
+    """The options of ``SQLQueue.enqueue_many`` (idempotency keys go on each ``Call``)."""
+
+
+def split_by_name(
+    given: EnqueueByName | EnqueueManyByName,
+) -> tuple[EnqueueOptions, ByNameOptions]:
+    """The options of an enqueue by name: those :class:`EnqueueOptions` holds (``version``
+    among them), and the two that only the path by name reads."""
+    values: dict[str, Any] = dict(given)
+    doors = ByNameOptions(
+        unregistered=values.pop("unregistered", False), encoded=values.pop("encoded", False)
+    )
+    return EnqueueOptions(**values), doors
+
+
+def check_keywords(given: Mapping[str, Any], vocabulary: Any, where: str) -> None:
+    """Refuse a keyword that ``vocabulary`` (one of the TypedDicts above) does not
+    declare, as Python refuses a keyword a function does not take: type checkers see
+    ``**options: Unpack[...]``, but nothing checks it at run time.
+
+    :raises TypeError: ``<where>() got an unexpected keyword argument 'name'``.
+    """
+    for name in given:
+        if name not in vocabulary.__annotations__:
+            raise TypeError(f"{where}() got an unexpected keyword argument {name!r}")
 
 
 #: The largest id a job can have (a signed 64-bit key).
@@ -327,6 +411,7 @@ def job_values(
     *,
     default_max_attempts: int,
     now: datetime,
+    machinery: Machinery = NO_MACHINERY,
 ) -> dict[str, Any]:
     """The full row for a new job; ``options`` must already carry the task's defaults.
 
@@ -335,12 +420,13 @@ def job_values(
     run_at = due_time(options, now)
     # A batch's id only where there is one: the row of a job in no batch is the same as
     # before batches (and the same statement, cached once). The same for an expiry.
-    batch: dict[str, Any] = {} if options.batch_id is None else {"batch_id": options.batch_id}
+    batch_id = machinery.batch_id
+    batch: dict[str, Any] = {} if batch_id is None else {"batch_id": batch_id}
     if options.expires is not None:
         batch["expires_at"] = expiry_time(options, now, run_at)
     # Likewise a unique key (core/uniqueness.py), only where there is one.
-    if options.unique_key is not None:
-        batch["unique_key"] = options.unique_key
+    if machinery.unique_key is not None:
+        batch["unique_key"] = machinery.unique_key
     # The same for tags and metadata: a job without them writes no more than before.
     labels = _tags.row_values(cast("tuple[str, ...] | None", options.tags), options.meta)
     return {
@@ -359,7 +445,7 @@ def job_values(
         "created_at": now,
         "updated_at": now,
         "idempotency_key": options.idempotency_key,
-        "concurrency_key": options.concurrency_key,
+        "concurrency_key": machinery.concurrency_key,
     }
 
 

@@ -12,15 +12,13 @@ from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
 from datetime import timedelta
-from typing import TYPE_CHECKING
 from typing import Any
 from typing import Generic
 from typing import ParamSpec
 from typing import Protocol
 from typing import TypedDict
 from typing import TypeVar
-
-from sqlalchemy.engine import Connection
+from typing import Unpack
 
 from ..bounds import positive_seconds
 from ..exceptions import DuplicateTask
@@ -33,6 +31,9 @@ from .limits import TaskLimits
 from .options import Call
 from .options import CallLike
 from .options import EnqueueOptions
+from .options import UsingOptions
+from .options import check_keywords
+from .options import check_options
 from .options import check_task_name
 from .options import signature_of
 from .schedule import Schedule
@@ -42,10 +43,6 @@ from .versions import Upcaster
 from .versions import check_versions
 from .versions import preview
 from .versions import upcast_call
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-    from sqlalchemy.orm import scoped_session
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -168,24 +165,11 @@ class Task(Generic[P, R]):
         (docs/workflows.md). Its arguments are checked when the workflow is enqueued."""
         return Step(self, args, kwargs, self.options)
 
-    def using(
-        self,
-        *,
-        queue: str | None = None,
-        priority: int | None = None,
-        delay: float | timedelta | None = None,
-        run_at: datetime | None = None,
-        max_attempts: int | None = None,
-        idempotency_key: str | None = None,
-        session: Session | scoped_session[Any] | Connection | None = None,
-        depends_on: Sequence[Job | int] | None = None,
-        tags: Sequence[str] | None = None,
-        meta: Mapping[str, Any] | None = None,
-        expires: float | timedelta | datetime | None = None,
-        unique: Unique | None = None,
-    ) -> BoundTask[P, R]:
+    def using(self, **options: Unpack[UsingOptions]) -> BoundTask[P, R]:
         """This task with per-call options, for ``.using(...).enqueue(...)``.
 
+        :param queue: the queue the job goes to; ``priority``, ``max_attempts``: as for
+            ``@queue.task``. Each overrides the task's own.
         :param delay: seconds or a timedelta from now; or ``run_at``, an aware datetime.
             Either must give a time the queue stores
             (:data:`~flask_sqlqueue.bounds.LATEST_RUN_AT` at the latest).
@@ -211,24 +195,11 @@ class Task(Generic[P, R]):
             time the queue cannot store, ``expires`` is not after the job is due, a tag is
             invalid or there are too many, ``meta`` is too large or would not round-trip,
             or (at enqueue) ``depends_on`` names no job.
-        :raises TypeError: ``depends_on`` is not a list of jobs and ids, ``tags`` not a
-            list of strings, or ``meta`` not a dict of JSON values.
+        :raises TypeError: an unknown option, ``depends_on`` not a list of jobs and ids,
+            ``tags`` not a list of strings, or ``meta`` not a dict of JSON values.
         """
-        extra = EnqueueOptions(
-            queue=queue,
-            priority=priority,
-            delay=delay,
-            run_at=run_at,
-            max_attempts=max_attempts,
-            idempotency_key=idempotency_key,
-            session=session,
-            depends_on=depends_on,
-            tags=tags,
-            meta=meta,
-            expires=expires,
-            unique=unique,
-        )
-        return BoundTask(self, self.options.merged(extra))
+        check_keywords(options, UsingOptions, "Task.using")
+        return BoundTask(self, self.options.merged(EnqueueOptions(**options)))
 
     def decode(self, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """The values a job's stored arguments stand for, as the function is called with.
@@ -262,8 +233,8 @@ class Task(Generic[P, R]):
 
 
 class TaskOptions(TypedDict, total=False):
-    """The options of ``@queue.task`` other than ``name``, for declarations that pass them
-    on (``@queue.periodic``); each is described there."""
+    """The options of ``@queue.task`` other than ``name`` (and of ``@queue.periodic``,
+    which passes them on); each is described at ``@queue.task``."""
 
     queue: str | None
     priority: int | None
@@ -279,6 +250,61 @@ class TaskOptions(TypedDict, total=False):
     version: int
     upcast: Mapping[int, Upcaster] | None
     unique: Unique | None
+
+
+class TaskDeclaration:
+    """A task's options (``@queue.task(...)``), checked when they are given, before any
+    function: each task declared with them is made by :meth:`make`."""
+
+    def __init__(self, options: TaskOptions, producer: Producer) -> None:
+        """:raises ConfigurationError: a limit is invalid; :raises ValueError,
+        TypeError: another option is."""
+        check_keywords(options, TaskOptions, "QueueExtension.task")
+        check_options(
+            queue=options.get("queue"),
+            priority=options.get("priority"),
+            max_attempts=options.get("max_attempts"),
+        )
+        check_timeout(options.get("timeout"))
+        expires = options.get("expires")
+        if isinstance(expires, datetime):
+            raise TypeError(
+                "@queue.task(expires=...) is a span after each enqueue (seconds or a "
+                "timedelta); give a datetime per call with .using(expires=...)."
+            )
+        self.defaults = EnqueueOptions(
+            queue=options.get("queue"),
+            priority=options.get("priority"),
+            max_attempts=options.get("max_attempts"),
+            tags=options.get("tags"),
+            expires=expires,
+            unique=options.get("unique"),
+        )
+        if not isinstance(options.get("isolate", False), bool):
+            raise TypeError(f"isolate must be True or False, got {options['isolate']!r}.")
+        self.limits = TaskLimits.declare(
+            concurrency=options.get("concurrency"),
+            concurrency_key=options.get("concurrency_key"),
+            rate_limit=options.get("rate_limit"),
+        )
+        self.options = options
+        self.producer = producer
+
+    def make(self, fn: Callable[P, R], name: str | None = None) -> Task[P, R]:
+        """The task of ``fn``, named ``name`` or ``"<module>.<function>"``."""
+        options = self.options
+        return Task(
+            fn,
+            name=name or f"{fn.__module__}.{fn.__qualname__}",
+            options=self.defaults,
+            backoff=options.get("backoff"),
+            producer=self.producer,
+            timeout=options.get("timeout"),
+            isolate=options.get("isolate", False),
+            limits=self.limits,
+            version=options.get("version", 1),
+            upcast=options.get("upcast"),
+        )
 
 
 def check_timeout(timeout: object) -> None:
