@@ -108,7 +108,7 @@ class CountedSystem(SQLQueueSystem):
         """Delete every completed job as the workers' retention does: batches of
         ``retention.BATCH`` ids, each in its own write transaction."""
         from benchmarks.peers.app_sqlqueue import queue
-        from flask_sqlqueue.core import retention
+        from flask_sqlqueue.core.features import retention
 
         with self._app.app_context():
             store = queue.state().store

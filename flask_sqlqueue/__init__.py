@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from .core.batches import Batch as Batch
 from .core.context import current_job as current_job
+from .core.features.uniqueness import Unique as Unique
 from .core.jobs import Job as Job
 from .core.models import JobStatus as JobStatus
 from .core.options import Call as Call
 from .core.tasks import BoundTask as BoundTask
 from .core.tasks import Step as Step
 from .core.tasks import Task as Task
-from .core.uniqueness import Unique as Unique
 from .core.worker import Worker as Worker
 from .core.worker import WorkerOptions as WorkerOptions
 from .exceptions import ClaimLost as ClaimLost

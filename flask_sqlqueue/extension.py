@@ -38,7 +38,6 @@ from .core import batches
 from .core import operations
 from .core.actions import Cancellation
 from .core.aio import in_thread
-from .core.audit import Audit
 from .core.batches import Batch
 from .core.dialects import in_folder
 from .core.dialects import in_memory
@@ -47,6 +46,7 @@ from .core.enqueue import CallLike
 from .core.enqueue import EnqueueOptions
 from .core.enqueue import check_options
 from .core.enqueue import enqueue
+from .core.features.audit import Audit
 from .core.hooks import Hooks
 from .core.isolation import RuntimeLoader
 from .core.jobs import Job

@@ -40,9 +40,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "(or opentelemetry-api)."
     ) from exc
 
+from .core.features.tags import check_meta
 from .core.hooks import Enqueueing
 from .core.isolation import AttemptFailed
-from .core.tags import check_meta
 from .exceptions import JobCancelled
 from .exceptions import Snooze
 from .extension import QueueExtension

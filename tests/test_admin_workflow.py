@@ -10,8 +10,8 @@ from flask import Flask
 
 from flask_sqlqueue.admin.workflow import columns
 from flask_sqlqueue.admin.workflow import draw
-from flask_sqlqueue.core import dependencies
-from flask_sqlqueue.core.dependencies import Workflow
+from flask_sqlqueue.core.features import dependencies
+from flask_sqlqueue.core.features.dependencies import Workflow
 from tests import sample_app
 from tests.conftest import query
 

@@ -23,7 +23,7 @@ from flask_sqlqueue import Unique
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import operations
-from flask_sqlqueue.core import retention
+from flask_sqlqueue.core.features import retention
 from flask_sqlqueue.core.payload import OUTSIDE
 from flask_sqlqueue.core.payload import decode_call
 from flask_sqlqueue.core.store import Store

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from flask_sqlqueue.core import claim as claim_module
-from flask_sqlqueue.core import queues
+from flask_sqlqueue.core import pausing
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim
 from flask_sqlqueue.core.claim import claim_job
@@ -86,10 +86,10 @@ def test_a_claim_leaves_the_jobs_of_a_paused_queue(core_store: Store) -> None:
     paused = _add(core_store, queue="paused")
     active = _add(core_store, queue="active")
     with core_store.write() as conn:
-        queues.pause(conn, "paused", core_store.now())
+        pausing.pause(conn, "paused", core_store.now())
     assert _claim(core_store, 5) == [active]
     with core_store.write() as conn:
-        queues.resume(conn, "paused", core_store.now())
+        pausing.resume(conn, "paused", core_store.now())
     assert _claim(core_store, 5) == [paused]
 
 

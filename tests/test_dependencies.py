@@ -27,10 +27,10 @@ from flask_sqlqueue import current_job
 from flask_sqlqueue import schema
 from flask_sqlqueue.core import failures
 from flask_sqlqueue.core import operations
-from flask_sqlqueue.core import retention
 from flask_sqlqueue.core import roster
 from flask_sqlqueue.core import transitions
 from flask_sqlqueue.core.claim import claim_job
+from flask_sqlqueue.core.features import retention
 from flask_sqlqueue.core.models import dependencies
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.exceptions import InvalidTransition

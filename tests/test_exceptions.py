@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from flask_sqlqueue.core import actions
-from flask_sqlqueue.core import versions
+from flask_sqlqueue.core.features import versions
 from flask_sqlqueue.exceptions import InvalidTransition
 from flask_sqlqueue.exceptions import NewerVersion
 from flask_sqlqueue.exceptions import SQLQueueError

@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from flask_sqlqueue.core import charts
 from flask_sqlqueue.core import queries
 from flask_sqlqueue.core import roster
-from flask_sqlqueue.core.limits import TaskLimits
-from flask_sqlqueue.core.limits import running_counts
+from flask_sqlqueue.core.features.limits import TaskLimits
+from flask_sqlqueue.core.features.limits import running_counts
 from flask_sqlqueue.core.models import utcnow
 from tests import sample_app
 from tests.stores import store_of

@@ -32,7 +32,7 @@ from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import transitions
 from flask_sqlqueue.core.claim import ClaimRequest
 from flask_sqlqueue.core.claim import claim as claim_jobs
-from flask_sqlqueue.core.limits import window_start
+from flask_sqlqueue.core.features.limits import window_start
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import workers
 from tests import limits_app

@@ -23,7 +23,7 @@ from flask_sqlqueue import Call
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue import current_job
-from flask_sqlqueue.core.tags import MAX_META_BYTES
+from flask_sqlqueue.core.features.tags import MAX_META_BYTES
 from flask_sqlqueue.exceptions import Snooze
 from flask_sqlqueue.otel import instrument
 from flask_sqlqueue.otel import uninstrument

@@ -32,12 +32,12 @@ from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import periodic
+from flask_sqlqueue.core.cron import KEY_PREFIX
+from flask_sqlqueue.core.cron import Schedule
 from flask_sqlqueue.core.models import schedules
 from flask_sqlqueue.core.periodic import ScheduleInfo
 from flask_sqlqueue.core.periodic import Scheduler
 from flask_sqlqueue.core.periodic import enqueue_slot
-from flask_sqlqueue.core.schedule import KEY_PREFIX
-from flask_sqlqueue.core.schedule import Schedule
 from tests import periodic_app
 from tests.conftest import ROOT
 from tests.conftest import SERVER_URL_VARS

@@ -13,7 +13,7 @@ from flask import Flask
 
 from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue.config import Settings
-from flask_sqlqueue.core import retention
+from flask_sqlqueue.core.features import retention
 from flask_sqlqueue.core.models import effects
 from flask_sqlqueue.core.models import jobs
 from tests import control_app as c

@@ -18,8 +18,8 @@ from flask import Flask
 from flask_sqlqueue.core.failures import Backoff
 from flask_sqlqueue.core.jobs import Job
 from flask_sqlqueue.core.models import JobStatus
-from flask_sqlqueue.core.retries import PlannedAttempt
-from flask_sqlqueue.core.retries import retry_plan
+from flask_sqlqueue.core.retry_preview import PlannedAttempt
+from flask_sqlqueue.core.retry_preview import retry_plan
 from tests import sample_app
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

@@ -30,9 +30,9 @@ from flask import Flask
 from flask_sqlqueue import SchemaError
 from flask_sqlqueue import schema
 from flask_sqlqueue.core import actions
+from flask_sqlqueue.core import cron
 from flask_sqlqueue.core import models
 from flask_sqlqueue.core import periodic
-from flask_sqlqueue.core import schedule
 from flask_sqlqueue.core.models import VERSION_TABLE
 from flask_sqlqueue.core.models import jobs
 from flask_sqlqueue.core.models import metadata
@@ -435,7 +435,7 @@ def test_upgrade_to_growing_ids_keeps_every_job(
     app = make_app(upgrade=False)
     store = store_of(app)
     schema.upgrade(store.engine, "0004")
-    slots = [f"{schedule.KEY_PREFIX}hourly:2024-06-03T{hour:02d}:00:00Z" for hour in (9, 11, 10)]
+    slots = [f"{cron.KEY_PREFIX}hourly:2024-06-03T{hour:02d}:00:00Z" for hour in (9, 11, 10)]
     given = [
         enqueue(store, "hourly", [(EMPTY_PAYLOAD, key, None)], EnqueueOptions())[0].id
         for key in slots

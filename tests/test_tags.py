@@ -20,11 +20,11 @@ from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import current_job
 from flask_sqlqueue.core import actions
 from flask_sqlqueue.core import operations
-from flask_sqlqueue.core import retention
+from flask_sqlqueue.core.features import retention
+from flask_sqlqueue.core.features.tags import MAX_META_BYTES
+from flask_sqlqueue.core.features.tags import MAX_TAGS
 from flask_sqlqueue.core.models import job_tags
 from flask_sqlqueue.core.models import jobs
-from flask_sqlqueue.core.tags import MAX_META_BYTES
-from flask_sqlqueue.core.tags import MAX_TAGS
 from tests.conftest import install_schema
 from tests.sample_app import queue_app
 from tests.stores import burst

@@ -33,7 +33,7 @@ from flask_sqlqueue import JobStatus
 from flask_sqlqueue import PayloadError
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
-from flask_sqlqueue.core.arguments import codec_for
+from flask_sqlqueue.core.features.arguments import codec_for
 from flask_sqlqueue.processes import AppLoader
 from flask_sqlqueue.testing import assert_enqueued
 from flask_sqlqueue.testing import assert_not_enqueued

@@ -244,7 +244,7 @@ def test_an_upcaster_must_return_plain_json_args_and_kwargs() -> None:
     @queue.task(name="t", version=3, upcast={1: lambda a, k: (a, k, 1), 2: lambda a, k: ((), k)})
     def t() -> None: ...
 
-    from flask_sqlqueue.core.versions import UpcastError
+    from flask_sqlqueue.core.features.versions import UpcastError
 
     with pytest.raises(UpcastError, match=r"upcast\[1\] must return \(args: list, kwargs: dict\)"):
         t.upcast(1, [], {})

@@ -30,7 +30,7 @@ from flask import request
 from werkzeug.wrappers import Response as BaseResponse
 
 from .. import access
-from ..core.audit import Audit
+from ..core.features.audit import Audit
 from . import csrf
 from . import views
 from .context import Admin

@@ -13,7 +13,7 @@ from flask import url_for
 from werkzeug.wrappers import Response as BaseResponse
 
 from ..core import operations
-from ..core.audit import Audit
+from ..core.features.audit import Audit
 from ..core.store import Store
 from ..exceptions import UnknownSchedule
 from .context import acting

@@ -20,7 +20,7 @@ from flask import abort
 from flask import current_app
 from flask import request
 
-from ..core.audit import Audit
+from ..core.features.audit import Audit
 
 if TYPE_CHECKING:
     from ..core.jobs import Job

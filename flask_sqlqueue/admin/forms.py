@@ -18,8 +18,8 @@ from flask import abort
 from flask import request
 
 from ..core import queries
+from ..core.features.tags import check_tag
 from ..core.models import JobStatus
-from ..core.tags import check_tag
 from ..exceptions import InvalidTransition
 
 if TYPE_CHECKING:

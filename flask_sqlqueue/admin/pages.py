@@ -17,16 +17,16 @@ from flask import url_for
 from sqlalchemy.engine import Connection
 
 from ..core import batches
-from ..core import dependencies
-from ..core import limits
 from ..core import operations
+from ..core import pausing
 from ..core import periodic
 from ..core import queries
-from ..core import queues
-from ..core import retention
 from ..core import roster
+from ..core.features import dependencies
+from ..core.features import limits
+from ..core.features import retention
 from ..core.models import JobStatus
-from ..core.retries import retry_plan
+from ..core.retry_preview import retry_plan
 from ..core.tasks import task_timeouts
 from .charts import SPANS
 from .charts import activity_chart
@@ -101,7 +101,7 @@ def dashboard() -> str:
         running = queries.running_jobs(conn)
         workers = worker_rows(st, conn, now, running)
         data = queries.activity(conn, now, span=SPANS[span].length, step=SPANS[span].step)
-        paused = queues.paused_queues(conn)
+        paused = pausing.paused_queues(conn)
         buckets = limits.describe(conn, st.registry, now)
         fresh = roster.heartbeat_fresh(st.store, st.settings.stale_after, now)
         unserved = queries.coverage(conn, fresh).warnings(st.registry)

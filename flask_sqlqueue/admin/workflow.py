@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.dependencies import Workflow
+from ..core.features.dependencies import Workflow
 
 #: A job's box, and the gaps between columns and rows, in SVG units.
 BOX_WIDTH = 190

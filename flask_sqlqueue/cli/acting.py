@@ -15,10 +15,10 @@ from typing import cast
 import click
 
 from ..core import operations
-from ..core.audit import Audit
+from ..core.features.audit import Audit
+from ..core.features.tags import check_tag
+from ..core.features.uniqueness import Unique
 from ..core.models import FINISHED
-from ..core.tags import check_tag
-from ..core.uniqueness import Unique
 from .base import JOB_ID
 from .base import app_state
 from .base import clean_errors

@@ -12,21 +12,21 @@ from typing import Any
 import click
 
 from ..core import batches
-from ..core import limits
 from ..core import operations
 from ..core import periodic
 from ..core import queries
-from ..core import retention
 from ..core import roster
+from ..core.features import limits
+from ..core.features import retention
+from ..core.features.tags import check_tag
+from ..core.features.versions import Upcast
 from ..core.jobs import Job
 from ..core.jobs import unreadable_note
 from ..core.models import JobStatus
-from ..core.queues import paused_queues
-from ..core.retries import PlannedAttempt
-from ..core.retries import retry_plan
-from ..core.tags import check_tag
+from ..core.pausing import paused_queues
+from ..core.retry_preview import PlannedAttempt
+from ..core.retry_preview import retry_plan
 from ..core.tasks import task_timeouts
-from ..core.versions import Upcast
 from ..extension import QueueState
 from .base import JOB_ID
 from .base import STATUSES

@@ -10,7 +10,7 @@ from flask.cli import with_appcontext
 
 from ..core import operations
 from ..core import periodic
-from ..core.audit import Audit
+from ..core.features.audit import Audit
 from .base import app_state
 from .base import clean_errors
 from .base import cli_actor

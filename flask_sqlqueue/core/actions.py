@@ -21,9 +21,9 @@ from sqlalchemy.engine import Connection
 
 from ..exceptions import InvalidTransition
 from ..exceptions import ids_text
-from . import dependencies
-from . import retention
-from . import uniqueness
+from .features import dependencies
+from .features import retention
+from .features import uniqueness
 from .models import FINISHED
 from .models import JobStatus
 from .models import jobs
@@ -113,7 +113,8 @@ def replay_dead(conn: Connection, now: datetime, queue: str | None, task: str | 
 
 def _take_back_keys(conn: Connection, where: sa.ColumnElement[bool]) -> None:
     """Give the jobs about to be replayed the unique keys later enqueues took from them
-    (core/uniqueness.py); refuse if a job not finished holds one: never two live holders."""
+    (core/features/uniqueness.py); refuse if a job not finished holds one: never two live
+    holders."""
     held = uniqueness.take_back(conn, where & jobs.c.status.in_((DEAD, CANCELLED)))
     if len(held) == 1:
         ((job_id, row),) = held

@@ -8,7 +8,7 @@ A batch is a group of member jobs with up to three callback jobs, all written in
 transaction with a row in ``sqlqueue_batches``; every member and callback carries the
 batch's id in ``sqlqueue_jobs.batch_id``, which only enqueueing writes, so a job's end
 costs nothing more for being in a batch. The callbacks wait on every member over edges
-of their own kind (core/dependencies.py): ``on_success`` requires each to have
+of their own kind (core/features/dependencies.py): ``on_success`` requires each to have
 completed, ``on_complete`` each to have finished, and ``on_failure`` each to have
 finished and one not to have completed. The release or cancellation of each happens in
 the transaction that ends the last member, as for any dependent.
@@ -28,10 +28,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import actions
-from . import dependencies
 from .actions import Cancellation
 from .enqueue import RunsJobs
 from .enqueue import enqueue
+from .features import dependencies
 from .jobs import Job
 from .models import JobStatus
 from .models import batches

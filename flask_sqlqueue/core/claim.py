@@ -20,19 +20,19 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import bigpayloads
 from .dialects import DialectOps
+from .features import bigpayloads
+from .features.limits import Bucket
+from .features.limits import TaskLimits
+from .features.limits import bucket_name
+from .features.limits import bucket_of
+from .features.limits import bucket_where
+from .features.limits import free_slots
+from .features.limits import rate_rows
+from .features.limits import running_counts
+from .features.limits import starts_in_window
+from .features.limits import window_start
 from .jobs import ClaimedJob
-from .limits import Bucket
-from .limits import TaskLimits
-from .limits import bucket_name
-from .limits import bucket_of
-from .limits import bucket_where
-from .limits import free_slots
-from .limits import rate_rows
-from .limits import running_counts
-from .limits import starts_in_window
-from .limits import window_start
 from .models import JobStatus
 from .models import jobs
 from .models import limits as limits_table
@@ -106,7 +106,7 @@ def claim_job(
 
 
 def paused_names() -> sa.Select[tuple[str]]:
-    """Names of paused queues, as a subquery (see ``core/queues.py``)."""
+    """Names of paused queues, as a subquery (see ``core/pausing.py``)."""
     return sa.select(queues_table.c.name).where(queues_table.c.paused_at.is_not(None))
 
 

@@ -22,11 +22,11 @@ import sqlalchemy as sa
 from ..exceptions import ClaimLost
 from ..exceptions import JobCancelled
 from ..exceptions import NoJobContext
-from . import dependencies
 from . import transitions
 from .failures import storable_text
+from .features import dependencies
+from .features.tags import labels
 from .options import check_key
-from .tags import labels
 from .transitions import holds_claim
 
 if TYPE_CHECKING:

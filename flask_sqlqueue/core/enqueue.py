@@ -4,7 +4,7 @@
 name, both ``enqueue_many``, ``flask queue enqueue``, the periodic scheduler and the test
 helpers. Everything is checked before anything is written, so a refusal writes nothing:
 the task name, the options, each call's arguments against the task's signature (and
-those of typed parameters against their annotations: core/arguments.py), the arguments
+those of typed parameters against their annotations: core/features/arguments.py), the arguments
 as JSON that round-trips, their size against what the database stores in one value, the
 concurrency key, and ``run_at`` against the times every backend stores.
 """

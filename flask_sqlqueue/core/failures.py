@@ -3,7 +3,7 @@ history, and the delay before the next attempt (:class:`Backoff`, or a task's ow
 
 Pure values, no statements: the worker's transitions (core/transitions.py) and the
 rescue of lost workers (core/roster.py) write what these functions shape, and the
-retry preview (core/retries.py) reads the same backoff the worker uses.
+retry preview (core/retry_preview.py) reads the same backoff the worker uses.
 """
 
 from __future__ import annotations

@@ -22,14 +22,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..bounds import positive_seconds
-from .bigpayloads import full
+from .features.bigpayloads import full
+from .features.tags import read_meta
+from .features.tags import read_tags
 from .models import JobStatus
 from .models import UTCDateTime
 from .models import jobs
 from .payload import decode_call
 from .payload import decode_value
-from .tags import read_meta
-from .tags import read_tags
 
 
 @dataclass(eq=False)
@@ -309,7 +309,7 @@ UNDECODABLE = (ValueError, TypeError, AttributeError, sa.exc.DataError)
 
 def read_whole(conn: Connection, query: sa.Select[Any]) -> list[Any]:
     """:func:`read_rows` of whole rows of ``sqlqueue_jobs``, each payload kept outside
-    its row put back (:func:`.bigpayloads.full`: one more SELECT, only if any is)."""
+    its row put back (:func:`.features.bigpayloads.full`: one more SELECT, only if any is)."""
     return full(conn, read_rows(conn, query))
 
 

@@ -199,14 +199,14 @@ jobs = sa.Table(
     _column("progress_message", LongText(), null=True),
     # The value a task's ``concurrency_key`` derived from the arguments, for limits.
     _column("concurrency_key", ExactString(255), null=True),
-    # Set once a job is enqueued that depends on this one (core/dependencies.py): a job
+    # Set once a job is enqueued that depends on this one (core/features/dependencies.py): a job
     # without it finishes with no dependents to release or cancel, so the completions
     # of a queue without workflows never look at the dependencies table.
     _column("has_dependents", sa.Boolean, server_default="0"),
     # The batch the job is a member or a callback of (core/batches.py); written at
     # enqueue only, so finishing a job never reads it.
     _column("batch_id", sa.BigInteger, null=True),
-    # The job's tags as a JSON list, and its metadata as a JSON object (core/tags.py);
+    # The job's tags as a JSON list, and its metadata as a JSON object (core/features/tags.py);
     # None for none. Read with the job; filtering goes through sqlqueue_job_tags.
     _column("tags", sa.Text, null=True),
     _column("meta", sa.Text, null=True),
@@ -217,7 +217,7 @@ jobs = sa.Table(
     # Times the task asked to run later without spending an attempt (``Snooze``).
     # Server default only: an enqueue's INSERT names no more columns than before.
     _column("snoozes", sa.Integer, server_default="0"),
-    # The key of a job enqueued with Unique (core/uniqueness.py): at most one job holds
+    # The key of a job enqueued with Unique (core/features/uniqueness.py): at most one job holds
     # it; cleared from a holder that an enqueue finds out of its scope.
     _column("unique_key", ExactString(255), null=True),
     # The unique key an enqueue took from this job while it was out of scope: a replay
@@ -296,7 +296,7 @@ effects = sa.Table(
 )
 
 #: One edge of a workflow: job ``job_id`` runs once job ``depends_on_id`` completed
-#: (core/dependencies.py). Written with the dependent job, in its transaction; deleted
+#: (core/features/dependencies.py). Written with the dependent job, in its transaction; deleted
 #: with it. No foreign keys: a dependency may be purged before its dependent, and counts
 #: as completed once gone (only completed jobs can be purged while a dependent waits).
 dependencies = sa.Table(
@@ -305,13 +305,13 @@ dependencies = sa.Table(
     _column("job_id", sa.BigInteger, primary_key=True),
     # Indexed for the dependents of a job that finishes.
     _column("depends_on_id", sa.BigInteger, primary_key=True, index=True),
-    # What the dependent needs of it (core/dependencies.py, Require): "completed" (to
+    # What the dependent needs of it (core/features/dependencies.py, Require): "completed" (to
     # have completed), "finished" (to have ended, whatever the outcome) or "failed" (to
     # have ended, and one of the dependent's "failed" dependencies not to have completed).
     _column("require", sa.String(16), server_default="completed"),
 )
 
-#: One tag of one job (core/tags.py): the index the job lists filter by tag through,
+#: One tag of one job (core/features/tags.py): the index the job lists filter by tag through,
 #: written with a tagged job only (a job without tags adds no row), deleted with it. The
 #: job's row keeps its tags too (``sqlqueue_jobs.tags``), so reading a job never joins.
 job_tags = sa.Table(
@@ -323,7 +323,7 @@ job_tags = sa.Table(
     sa.Index("ix_sqlqueue_job_tags_tag_job_id", "tag", "job_id"),
 )
 
-#: The payload of a job too large to keep in its row (core/bigpayloads.py): the row's
+#: The payload of a job too large to keep in its row (core/features/bigpayloads.py): the row's
 #: ``payload`` holds a marker, this its arguments. Written with such a job only,
 #: deleted with it; keyed by the job's id (no foreign key, as no table here has one).
 payloads = sa.Table(
@@ -423,7 +423,7 @@ schedules = sa.Table(
     _column("toggled_at", UTCDateTime, null=True),
 )
 
-#: What people did to jobs and queues through the admin or the CLI (core/audit.py): one
+#: What people did to jobs and queues through the admin or the CLI (core/features/audit.py): one
 #: row per job an action changed, or one for an action on no single job. No foreign key:
 #: the entry about a deleted job outlives it. Written in the action's transaction, never
 #: by enqueueing or working, so the hot paths never touch it.

@@ -12,7 +12,7 @@ poll). Enqueueing has its own one path, :func:`.enqueue.enqueue`, which does the
 Every one that ends or deletes jobs (cancel, delete, rescue) wakes their waiters
 (``Job.wait``) the same two ways (:meth:`Store.run_finishing`).
 
-Each that takes an ``audit`` (:class:`.audit.Audit`, naming who acts) writes its entries
+Each that takes an ``audit`` (:class:`.features.audit.Audit`, naming who acts) writes its entries
 to the audit log in the same transaction as its change: both are written or neither.
 """
 
@@ -30,20 +30,20 @@ from sqlalchemy.engine import Connection
 
 from ..exceptions import InvalidTransition
 from . import actions
-from . import audit as audit_log
-from . import bigpayloads
+from . import pausing
 from . import periodic
 from . import queries
-from . import queues
 from . import roster
 from .actions import Cancellation
-from .audit import Audit
 from .enqueue import Call
 from .enqueue import EnqueueOptions
 from .enqueue import RunsJobs
 from .enqueue import check_options
 from .enqueue import encode_arguments
 from .enqueue import enqueue
+from .features import audit as audit_log
+from .features import bigpayloads
+from .features.audit import Audit
 from .jobs import Job
 from .models import JobStatus
 from .models import jobs
@@ -449,13 +449,13 @@ def known_queues(store: Store, registry: Mapping[str, Task[Any, Any]]) -> list[s
     """Every queue worth pausing, by name: the registered tasks', those that have jobs,
     and those paused before."""
     with store.read() as conn:
-        return sorted(queues.known_queues(conn, declared_queues(registry)))
+        return sorted(pausing.known_queues(conn, declared_queues(registry)))
 
 
 def paused_queues(store: Store) -> dict[str, datetime]:
     """Every paused queue, with the time it was paused."""
     with store.read() as conn:
-        return queues.paused_queues(conn)
+        return pausing.paused_queues(conn)
 
 
 def set_paused(
@@ -472,7 +472,7 @@ def set_paused(
     :raises UnknownQueue: a name that no registered task uses and no job is in; nothing
         changes (nor for an invalid name, a ``ValueError``).
     """
-    return queues.set_paused(
+    return pausing.set_paused(
         store, names, paused=paused, declared=declared_queues(registry), audit=audit
     )
 

@@ -31,11 +31,11 @@ from ..bounds import EARLIEST_RUN_AT
 from ..bounds import LATEST_RUN_AT
 from ..bounds import RUN_AT_RANGE
 from ..bounds import longest_delay
-from . import tags as _tags
+from .features import tags as _tags
+from .features.uniqueness import Unique
 from .jobs import Job
 from .models import JobStatus
 from .payload import is_unicode
-from .uniqueness import Unique
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -58,22 +58,22 @@ class EnqueueOptions:
     idempotency_key: str | None = None
     session: Session | scoped_session[Any] | Connection | None = None
     #: The jobs (or their ids) that must complete before this one runs; kept as the
-    #: sorted, distinct ids, ``None`` for none (core/dependencies.py).
+    #: sorted, distinct ids, ``None`` for none (core/features/dependencies.py).
     depends_on: Sequence[Job | int] | None = None
-    #: Short labels to filter jobs by (core/tags.py); kept as distinct tags in their
+    #: Short labels to filter jobs by (core/features/tags.py); kept as distinct tags in their
     #: order, ``None`` for none. A task's tags and a call's add up.
     tags: Sequence[str] | None = None
     #: A small dict of JSON values the job carries, for its task and for people
-    #: (core/tags.py); ``None`` for none.
+    #: (core/features/tags.py); ``None`` for none.
     meta: Mapping[str, Any] | None = None
     #: When the job stops being worth starting (docs/expiry.md): seconds or a timedelta
     #: after it is enqueued, or an aware datetime. ``None``: never.
     expires: float | timedelta | datetime | None = None
-    #: The version of the task its arguments are written for (core/versions.py);
+    #: The version of the task its arguments are written for (core/features/versions.py);
     #: ``None``: the registered task's own (1 for a name not registered here).
     version: int | None = None
     #: At most one job per key while in scope, and what a conflict does
-    #: (core/uniqueness.py, docs/uniqueness.md).
+    #: (core/features/uniqueness.py, docs/uniqueness.md).
     unique: Unique | None = None
 
     def __post_init__(self) -> None:
@@ -144,10 +144,10 @@ class Machinery:
     """What the queue's own machinery sets on new jobs, never a caller: passed beside
     :class:`EnqueueOptions`, so that no public signature can set it."""
 
-    #: The key a task's ``concurrency_key`` gave for the call's arguments (limits.py);
+    #: The key a task's ``concurrency_key`` gave for the call's arguments (features/limits.py);
     #: each call of a batch carries its own (``.producing.Encoded``).
     concurrency_key: str | None = None
-    #: What the job requires of each of ``depends_on`` (core/dependencies.py, REQUIRES);
+    #: What the job requires of each of ``depends_on`` (core/features/dependencies.py, REQUIRES);
     #: ``None``: that it completed. Set by batches, for their callbacks.
     require: str | None = None
     #: The batch the job belongs to (core/batches.py); set by batches only.
@@ -424,7 +424,7 @@ def job_values(
     batch: dict[str, Any] = {} if batch_id is None else {"batch_id": batch_id}
     if options.expires is not None:
         batch["expires_at"] = expiry_time(options, now, run_at)
-    # Likewise a unique key (core/uniqueness.py), only where there is one.
+    # Likewise a unique key (core/features/uniqueness.py), only where there is one.
     if machinery.unique_key is not None:
         batch["unique_key"] = machinery.unique_key
     # The same for tags and metadata: a job without them writes no more than before.

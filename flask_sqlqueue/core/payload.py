@@ -28,7 +28,7 @@ MAX_INT_DIGITS = 4300
 # Ints this small have fewer than 640 digits, which Python converts whatever its limit.
 _SMALL_INT_BITS = 2100
 #: What the row of a job holds when its payload is kept outside it, in
-#: ``sqlqueue_payloads`` (core/bigpayloads.py). No payload is ever this text, and its
+#: ``sqlqueue_payloads`` (core/features/bigpayloads.py). No payload is ever this text, and its
 #: ``args`` are no list: read in place of the real one, it is refused as malformed,
 #: never taken for a call without arguments.
 OUTSIDE = '{"args":null,"kwargs":null,"outside":"sqlqueue_payloads"}'

@@ -51,6 +51,10 @@ from sqlalchemy.engine import Connection
 
 from ..exceptions import SQLQueueError
 from ..exceptions import UnknownSchedule
+from .cron import DEFAULT_BACKFILL_LIMIT as DEFAULT_BACKFILL_LIMIT
+from .cron import DEFAULT_BACKFILL_WINDOW as DEFAULT_BACKFILL_WINDOW
+from .cron import SLOT_FORMAT
+from .cron import Schedule as Schedule
 from .enqueue import RunsJobs
 from .enqueue import enqueue
 from .jobs import Job
@@ -58,15 +62,11 @@ from .models import schedules
 from .options import Call
 from .options import EnqueueOptions
 from .payload import decode_payload
-from .schedule import DEFAULT_BACKFILL_LIMIT as DEFAULT_BACKFILL_LIMIT
-from .schedule import DEFAULT_BACKFILL_WINDOW as DEFAULT_BACKFILL_WINDOW
-from .schedule import SLOT_FORMAT
-from .schedule import Schedule as Schedule
 from .store import Store
 from .tasks import Task
 
 # Schedule and the backfill defaults are re-exported (imported "as" themselves): they
-# live below the tasks, in schedule.py, and the extension finds them here.
+# live below the tasks, in cron.py, and the extension finds them here.
 
 log = logging.getLogger("flask_sqlqueue.periodic")
 

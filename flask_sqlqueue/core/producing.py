@@ -25,11 +25,12 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection
 
 from ..exceptions import QueueUnavailable
-from . import bigpayloads
-from . import dependencies
 from . import signals
-from . import tags
-from . import uniqueness
+from .features import bigpayloads
+from .features import dependencies
+from .features import tags
+from .features import uniqueness
+from .features.uniqueness import Unique
 from .inserts import PLAIN
 from .jobs import Job
 from .models import jobs
@@ -40,7 +41,6 @@ from .options import job_values
 from .store import Store
 from .store import caller_of
 from .store import is_transient
-from .uniqueness import Unique
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -247,7 +247,7 @@ def _insert_one(store: Store, conn: Connection, values: dict[str, Any], *, notif
 def _insert_unique(
     store: Store, conn: Connection, values: dict[str, Any], unique: Unique, *, notify: bool
 ) -> Job:
-    """Insert a job whose ``values`` carry a unique key (core/uniqueness.py): the new
+    """Insert a job whose ``values`` carry a unique key (core/features/uniqueness.py): the new
     job, the job holding its idempotency key, or the job holding its unique key in
     ``unique``'s scope (given this call's arguments first with ``replace``).
 

@@ -18,14 +18,14 @@ from typing import NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import tags as _tags
 from .charts import Activity as Activity
 from .charts import activity as activity
 from .charts import task_metrics as task_metrics
-from .dependencies import Edges as Edges
-from .dependencies import job_edges as job_edges
 from .distinct import MAX_DISTINCT as MAX_DISTINCT
 from .distinct import distinct_values as distinct_values
+from .features import tags as _tags
+from .features.dependencies import Edges as Edges
+from .features.dependencies import job_edges as job_edges
 from .jobs import UNDECODABLE
 from .jobs import read_rows
 from .models import JobStatus

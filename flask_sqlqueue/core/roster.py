@@ -24,13 +24,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..config import default
-from . import dependencies
 from . import liveness
 from .failures import ErrorRecord
 from .failures import appended
 from .failures import error_record
 from .failures import records
 from .failures import summary
+from .features import dependencies
 from .liveness import BootClock
 from .liveness import BootCutoff
 from .liveness import HeartbeatWatch
@@ -43,7 +43,7 @@ from .payload import dumps_trusted
 from .transitions import NO_PROGRESS
 
 if TYPE_CHECKING:
-    from .audit import Audit
+    from .features.audit import Audit
     from .store import Store
 
 PENDING = JobStatus.PENDING.value

@@ -23,11 +23,18 @@ from typing import Unpack
 from ..bounds import positive_seconds
 from ..exceptions import DuplicateTask
 from .aio import in_thread
-from .arguments import ArgumentCodec
-from .arguments import codec_for
+from .cron import Schedule
 from .failures import BackoffFunc
+from .features.arguments import ArgumentCodec
+from .features.arguments import codec_for
+from .features.limits import TaskLimits
+from .features.uniqueness import Unique
+from .features.versions import Upcast
+from .features.versions import Upcaster
+from .features.versions import check_versions
+from .features.versions import preview
+from .features.versions import upcast_call
 from .jobs import Job
-from .limits import TaskLimits
 from .options import Call
 from .options import CallLike
 from .options import EnqueueOptions
@@ -36,13 +43,6 @@ from .options import check_keywords
 from .options import check_options
 from .options import check_task_name
 from .options import signature_of
-from .schedule import Schedule
-from .uniqueness import Unique
-from .versions import Upcast
-from .versions import Upcaster
-from .versions import check_versions
-from .versions import preview
-from .versions import upcast_call
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -18,13 +18,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from . import dependencies
 from .dialects import DialectOps
 from .dialects.base import COMPLETE_ONE
 from .dialects.base import complete_one_params
 from .failures import ErrorRecord
 from .failures import appended
 from .failures import summary
+from .features import dependencies
 from .models import JobRow
 from .models import JobStatus
 from .models import effects
@@ -105,7 +105,7 @@ def complete_many(
             completed.add(job_id)
             if flagged:
                 parents.append(job_id)
-    # The dependents they release, in the same transaction (core/dependencies.py).
+    # The dependents they release, in the same transaction (core/features/dependencies.py).
     _released(conn, ops, dependencies.release(conn, parents, now))
     return completed
 

@@ -3,7 +3,7 @@
 ``sqlqueue_jobs.tags`` holds a job's tags as a JSON list and ``sqlqueue_jobs.meta`` its
 metadata as a JSON object (both NULL for none, as every job existing at the upgrade has);
 ``sqlqueue_job_tags`` holds one row per tag of a tagged job, the index the job lists
-filter by tag through (core/tags.py).
+filter by tag through (core/features/tags.py).
 
 A downgrade drops them: the jobs stay, without their tags and metadata.
 

@@ -450,7 +450,7 @@ class DialectOps:
         """Complete the running attempts of ``done``, each fenced by its own claim token
         exactly as a single completion is, in one statement; return the ids completed,
         each with whether the job has dependents (its ``has_dependents`` as the write
-        found it, under the row's lock: core/dependencies.py). A job whose claim was
+        found it, under the row's lock: core/features/dependencies.py). A job whose claim was
         lost gets nothing written. Rows are locked in id order (every id of ``done`` is
         distinct, and sorted by the caller). Where the database carries news to waiters
         (:meth:`notify_finished`), the statement tells them too.
@@ -514,7 +514,7 @@ class DialectOps:
     def insert_unique(
         self, conn: Connection, values: dict[str, Any], *, notify: bool = True
     ) -> int | None:
-        """Insert a job with a unique key (core/uniqueness.py); return its id, or
+        """Insert a job with a unique key (core/features/uniqueness.py); return its id, or
         ``None`` if its unique key or its idempotency key is held (the caller looks the
         holder up). With ``notify``, tell listening workers on commit if it inserted.
 

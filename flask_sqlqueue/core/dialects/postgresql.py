@@ -74,7 +74,7 @@ _ENQUEUE_ONCE = (
     .returning(jobs.c.id, _NOTIFYING)
 )
 # A job with a unique key: no conflict target, so that its unique key's index or its
-# idempotency key's refuses the row without an error (core/uniqueness.py).
+# idempotency key's refuses the row without an error (core/features/uniqueness.py).
 _INSERT_UNIQUE = pg_insert(jobs).on_conflict_do_nothing().returning(jobs.c.id)
 _ENQUEUE_UNIQUE = _INSERT_UNIQUE.returning(_NOTIFYING)
 

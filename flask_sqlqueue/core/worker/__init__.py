@@ -43,15 +43,15 @@ from typing import Any
 from ...exceptions import ConfigurationError
 from .. import logcontext
 from .. import periodic
-from .. import retention
+from ..features import retention
 from ..isolation import RuntimeLoader
 from ..store import Store
 from ..tasks import Task
 from .attempt import Attempt
 from .attempt import Runner
 from .dispatch import Dispatcher
-from .options import WorkerOptions as WorkerOptions
 from .outcomes import Outcomes
+from .settings import WorkerOptions as WorkerOptions
 from .slots import Slots
 from .upkeep import Health as Health
 from .upkeep import Upkeep

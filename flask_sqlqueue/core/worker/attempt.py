@@ -36,7 +36,7 @@ from ..isolation import RuntimeLoader
 from ..jobs import ClaimedJob
 from ..payload import decode_call
 from ..tasks import Task
-from .options import WorkerOptions
+from .settings import WorkerOptions
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -23,7 +23,7 @@ How many jobs a claim takes depends on how long recent jobs took:
   than :data:`STALL_AFTER` while jobs wait, those go back to ``pending`` (no attempt
   counted), free for an idle worker.
 
-Workers with concurrency or rate limits (core/limits.py) never claim ahead: a job
+Workers with concurrency or rate limits (core/features/limits.py) never claim ahead: a job
 claimed counts against its limit as soon as it is claimed.
 """
 
@@ -48,12 +48,12 @@ from .. import transitions
 from ..claim import ClaimRequest
 from ..claim import claim
 from ..claim import claim_job
-from ..limits import TaskLimits
+from ..features.limits import TaskLimits
 from .attempt import Attempt
 from .attempt import Runner
-from .options import WorkerOptions
 from .outcomes import Outcomes
 from .outcomes import Success
+from .settings import WorkerOptions
 from .slots import Slots
 from .upkeep import Upkeep
 

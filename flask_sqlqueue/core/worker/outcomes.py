@@ -51,7 +51,7 @@ from .attempt import Expired
 from .attempt import NotRun
 from .attempt import Outcome
 from .attempt import Returned
-from .options import WorkerOptions
+from .settings import WorkerOptions
 from .slots import Slots
 
 if TYPE_CHECKING:

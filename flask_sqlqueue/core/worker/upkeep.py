@@ -33,14 +33,14 @@ import sqlalchemy as sa
 
 from ...exceptions import DatabaseFileChanged
 from .. import queries
-from .. import retention
 from .. import roster
 from .. import signals
 from .. import transitions
+from ..features import retention
 from ..liveness import BeatFiles
 from ..liveness import HeartbeatWatch
 from ..tasks import Task
-from .options import WorkerOptions
+from .settings import WorkerOptions
 from .slots import Slots
 
 if TYPE_CHECKING:

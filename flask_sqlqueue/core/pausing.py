@@ -16,8 +16,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ..exceptions import UnknownQueue
-from .audit import Audit
 from .distinct import distinct_values
+from .features.audit import Audit
 from .models import jobs
 from .models import queues
 from .options import check_options

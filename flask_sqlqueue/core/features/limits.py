@@ -27,10 +27,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..exceptions import ConfigurationError
-from .models import JobStatus
-from .models import jobs
-from .models import limits as limits_table
+from ...exceptions import ConfigurationError
+from ..models import JobStatus
+from ..models import jobs
+from ..models import limits as limits_table
 
 #: A task, and the key its function gave (``None`` for a limit on the whole task).
 Bucket = tuple[str, str | None]

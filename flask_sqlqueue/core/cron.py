@@ -29,7 +29,7 @@ from cronsim import CronSimError
 
 from ..exceptions import ArgumentTypeError
 from ..exceptions import ConfigurationError
-from .arguments import codec_for
+from .features.arguments import codec_for
 from .options import misfit
 from .options import signature_of
 from .payload import encode_payload

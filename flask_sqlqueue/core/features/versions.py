@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import ConfigurationError
-from ..exceptions import NewerVersion
-from ..exceptions import PayloadError
-from ..exceptions import UpcastError
-from .payload import check
+from ...exceptions import ConfigurationError
+from ...exceptions import NewerVersion
+from ...exceptions import PayloadError
+from ...exceptions import UpcastError
+from ..payload import check
 
 #: ``(args, kwargs) -> (args, kwargs)``: the arguments of one version as those of the next.
 Upcaster = Callable[[list[Any], dict[str, Any]], "tuple[list[Any], dict[str, Any]]"]

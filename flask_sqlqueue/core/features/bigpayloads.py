@@ -23,8 +23,8 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .models import payloads
-from .payload import OUTSIDE
+from ..models import payloads
+from ..payload import OUTSIDE
 
 R = TypeVar("R")
 

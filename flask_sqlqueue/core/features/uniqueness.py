@@ -30,10 +30,10 @@ from typing import Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .models import JobStatus
-from .models import jobs
-from .payload import decode_payload
-from .payload import is_unicode
+from ..models import JobStatus
+from ..models import jobs
+from ..payload import decode_payload
+from ..payload import is_unicode
 
 Scope = Literal["pending", "active", "any"]
 OnConflict = Literal["skip", "replace"]

@@ -21,13 +21,13 @@ from datetime import timedelta
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..config import Settings
-from .models import JobStatus
-from .models import dependencies
-from .models import effects
-from .models import job_tags
-from .models import jobs
-from .models import payloads
+from ...config import Settings
+from ..models import JobStatus
+from ..models import dependencies
+from ..models import effects
+from ..models import job_tags
+from ..models import jobs
+from ..models import payloads
 
 #: Rows deleted per transaction.
 BATCH = 500
@@ -73,7 +73,7 @@ class Pruned:
 def prune_jobs_batch(conn: Connection, status: str, before: datetime, limit: int) -> int:
     """Delete up to ``limit`` jobs of ``status`` that finished before ``before``, their
     tags, and what they waited for (a dependent still waiting counts a pruned dependency
-    completed: core/dependencies.py)."""
+    completed: core/features/dependencies.py)."""
     old = sa.and_(jobs.c.status == status, jobs.c.finished_at < before)
     ids = list(conn.execute(sa.select(jobs.c.id).where(old).limit(limit)).scalars())
     if not ids:

@@ -25,11 +25,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .models import job_tags
-from .models import jobs
-from .payload import decode_value
-from .payload import dumps_trusted
-from .payload import encode_value
+from ..models import job_tags
+from ..models import jobs
+from ..payload import decode_value
+from ..payload import dumps_trusted
+from ..payload import encode_value
 
 #: Tags a job may have (its task's and its call's together).
 MAX_TAGS = 16

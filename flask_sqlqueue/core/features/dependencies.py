@@ -49,11 +49,11 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..exceptions import ids_text
-from .models import JobStatus
-from .models import dependencies
-from .models import jobs
-from .payload import decode_value
+from ...exceptions import ids_text
+from ..models import JobStatus
+from ..models import dependencies
+from ..models import jobs
+from ..payload import decode_value
 
 WAITING = JobStatus.WAITING.value
 PENDING = JobStatus.PENDING.value

@@ -19,7 +19,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from .models import audit_log
+from ..models import audit_log
 
 #: The longest actor name stored; a longer one is cut.
 MAX_ACTOR = 255

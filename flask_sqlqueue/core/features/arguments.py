@@ -41,11 +41,11 @@ from decimal import InvalidOperation
 from typing import Any
 from typing import NamedTuple
 
-from ..exceptions import ArgumentDecodeError
-from ..exceptions import ArgumentTypeError
-from ..exceptions import PayloadError
-from .payload import MAX_DEPTH
-from .payload import check
+from ...exceptions import ArgumentDecodeError
+from ...exceptions import ArgumentTypeError
+from ...exceptions import PayloadError
+from ..payload import MAX_DEPTH
+from ..payload import check
 
 __all__ = ["ArgumentCodec", "codec_for"]
 
