@@ -15,7 +15,7 @@ state of its own:
 - ``upkeep``: the worker's row and heartbeat thread, and what rides on the heartbeat:
   rescue, retention, the SQLite file check, the unserved-jobs warning.
 
-``slots`` counts the claimed jobs each thread holds; ``options`` is
+``slots`` counts the claimed jobs each thread holds; ``settings`` is
 :class:`WorkerOptions`. Every transaction is short: none is open while a task runs.
 
 Threads, in :meth:`Worker.run`: the caller's runs the dispatcher's loop; ``concurrency``
