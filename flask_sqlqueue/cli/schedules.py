@@ -49,7 +49,7 @@ def periodic_command() -> None:
 
     \b
     Example:
-      flask queue schedules
+      flask queue periodic
     """
     _list_schedules()
 
