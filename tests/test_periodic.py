@@ -557,6 +557,12 @@ def test_periodic_command_is_a_deprecated_name_of_schedules(papp: Flask) -> None
     assert set(lines) == {"daily_backfill", "every_minute", "hourly_backfill", "quarter_paris"}
     assert "2024-06-03 10:00:00" in lines["every_minute"]  # last slot enqueued
     assert "*/15 * * * * (Europe/Paris)" in lines["quarter_paris"]
+    # Next run shown in UTC and in the schedule's zone: Paris is 1 or 2 hours ahead of UTC.
+    cells = lines["quarter_paris"].split()
+    utc = datetime.fromisoformat(f"{cells[9]} {cells[10]}")
+    local = datetime.fromisoformat(f"{cells[11]} {cells[12]}")
+    assert local - utc in (timedelta(hours=1), timedelta(hours=2))
+    assert lines["hourly_backfill"].split()[-1] == "yes"
 
 
 def test_status_shows_schedules(papp: Flask) -> None:

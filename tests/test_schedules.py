@@ -307,7 +307,8 @@ def test_schedules_command_lists_disables_enables_and_runs(papp: Flask, database
 
     listing = run()
     assert listing.split("\n")[0].split() == [
-        "name", "schedule", "enabled", "last", "run", "(UTC)", "next", "run", "(UTC)"
+        "name", "schedule", "enabled", "last", "run", "(UTC)", "next", "run", "(UTC)",
+        "next", "run", "(its", "zone)", "queue", "backfill",
     ]  # fmt: skip
     rows = {line.split()[0]: line for line in listing.splitlines()[1:]}
     assert set(rows) == {"daily_backfill", "every_minute", "hourly_backfill", "quarter_paris"}
@@ -318,7 +319,16 @@ def test_schedules_command_lists_disables_enables_and_runs(papp: Flask, database
     assert run("disable", "every_minute") == "Schedule 'every_minute' was disabled already.\n"
     assert ledger(database_uri, "every_minute") == [(False, at(10, 0))]
     line = next(line for line in run().splitlines() if line.startswith("every_minute"))
-    assert line.split()[7:] == ["no", "2024-06-03", "10:00:00", "-", "(disabled)"]
+    assert line.split()[7:] == [
+        "no",
+        "2024-06-03",
+        "10:00:00",
+        "-",
+        "(disabled)",
+        "-",
+        "default",
+        "no",
+    ]
     status = cli.invoke(args=["queue", "status"]).output
     assert "periodic every_minute: '* * * * *' (UTC), disabled" in status
 

@@ -24,7 +24,8 @@ from .formatting import format_time
 @with_appcontext  # a group's own callback gets none from AppGroup, unlike its commands
 @clean_errors
 def schedules_cli(ctx: click.Context) -> None:
-    """List periodic schedules: name, cron expression, enabled, last run, next run (UTC).
+    """List periodic schedules: name, cron expression, enabled, last run, next run (UTC and
+    the schedule's time zone), queue, backfill.
 
     The state lives in the database, so every worker on every host obeys it.
 
@@ -67,10 +68,14 @@ def _list_schedules() -> None:
             "yes" if info.enabled else "no",
             format_time(info.last_slot) or "-",
             format_time(info.next_run) or ("never" if info.enabled else "- (disabled)"),
+            format_time(info.next_run_local) or ("never" if info.enabled else "-"),
+            info.queue,
+            "yes" if info.schedule.backfill else "no",
         ]
         for info in infos
     ]
     headers = ["name", "schedule", "enabled", "last run (UTC)", "next run (UTC)"]
+    headers += ["next run (its zone)", "queue", "backfill"]
     click.echo(format_table(headers, rows))
 
 
