@@ -142,11 +142,9 @@ class EnqueueOptions:
 @dataclass(frozen=True, slots=True)
 class Machinery:
     """What the queue's own machinery sets on new jobs, never a caller: passed beside
-    :class:`EnqueueOptions`, so that no public signature can set it."""
+    :class:`EnqueueOptions`, so that no public signature can set it. (A task's
+    ``concurrency_key`` is each call's own: it comes with the call's payload.)"""
 
-    #: The key a task's ``concurrency_key`` gave for the call's arguments (features/limits.py);
-    #: each call of a batch carries its own (``.producing.Encoded``).
-    concurrency_key: str | None = None
     #: What the job requires of each of ``depends_on`` (core/features/dependencies.py, REQUIRES);
     #: ``None``: that it completed. Set by batches, for their callbacks.
     require: str | None = None
@@ -445,7 +443,8 @@ def job_values(
         "created_at": now,
         "updated_at": now,
         "idempotency_key": options.idempotency_key,
-        "concurrency_key": machinery.concurrency_key,
+        # Each call's own, from its arguments (``.producing.Encoded``, features/limits.py).
+        "concurrency_key": None,
     }
 
 
