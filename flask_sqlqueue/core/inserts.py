@@ -31,6 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from .dialects import DialectOps
+from .models import JobRow
 from .models import jobs
 from .models import utcnow
 from .options import EnqueueOptions
@@ -105,7 +106,7 @@ class KeptInserts:
         self._era = 0
         self._lock = threading.Lock()
 
-    def insert(self, values: Mapping[str, Any]) -> int | None:
+    def insert(self, values: JobRow) -> int | None:
         """Insert a plain job's row and commit it; returns its id, or ``None`` (nothing
         written) when all :attr:`keep` connections are in use.
 

@@ -240,8 +240,9 @@ jobs = sa.Table(
 class JobRow(TypedDict, total=False):
     """Values of :data:`jobs` columns as Python holds them, for the statements that
     build a row's values in steps (a failure's, a rescue's): every key is optional, as a
-    guarded UPDATE names only the columns it changes. Values that are SQL expressions
-    (``attempts - 1``) do not fit here; those statements keep a plain dict."""
+    guarded UPDATE names only the columns it changes, and as a new job's row
+    (``options.job_values``) leaves out the columns of options not set. Values that are
+    SQL expressions (``attempts - 1``) do not fit here; those statements keep a plain dict."""
 
     id: int
     queue: str

@@ -34,6 +34,7 @@ from ..bounds import longest_delay
 from .features import tags as _tags
 from .features.uniqueness import Unique
 from .jobs import Job
+from .models import JobRow
 from .models import JobStatus
 from .payload import is_unicode
 
@@ -410,7 +411,7 @@ def job_values(
     default_max_attempts: int,
     now: datetime,
     machinery: Machinery = NO_MACHINERY,
-) -> dict[str, Any]:
+) -> JobRow:
     """The full row for a new job; ``options`` must already carry the task's defaults.
 
     :raises ValueError: the job would be due at a time the queue cannot store.
@@ -419,7 +420,7 @@ def job_values(
     # A batch's id only where there is one: the row of a job in no batch is the same as
     # before batches (and the same statement, cached once). The same for an expiry.
     batch_id = machinery.batch_id
-    batch: dict[str, Any] = {} if batch_id is None else {"batch_id": batch_id}
+    batch: JobRow = {} if batch_id is None else {"batch_id": batch_id}
     if options.expires is not None:
         batch["expires_at"] = expiry_time(options, now, run_at)
     # Likewise a unique key (core/features/uniqueness.py), only where there is one.

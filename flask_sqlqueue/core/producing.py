@@ -33,6 +33,7 @@ from .features import uniqueness
 from .features.uniqueness import Unique
 from .inserts import PLAIN
 from .jobs import Job
+from .models import JobRow
 from .models import jobs
 from .options import NO_MACHINERY
 from .options import EnqueueOptions
@@ -83,7 +84,7 @@ def enqueue(
         now=store.now(),
         machinery=machinery,
     )
-    rows = [
+    rows: list[JobRow] = [
         {**values, "payload": payload, "idempotency_key": key, "concurrency_key": limit}
         for payload, key, limit in calls
     ]
@@ -126,7 +127,7 @@ def enqueue(
     return _produce(store, options, insert, announce)
 
 
-def _enqueue_plain(store: Store, values: dict[str, Any]) -> Job | None:
+def _enqueue_plain(store: Store, values: JobRow) -> Job | None:
     """A plain job (:data:`.inserts.PLAIN`), in a transaction of its own on a kept
     connection: what the engine would write for it, and no more; ``None``, nothing
     written, for any other job, or while no kept connection is free."""
@@ -202,7 +203,7 @@ def _own(store: Store, run: Callable[[], T]) -> T:
             ) from exc
 
 
-def _announce(store: Store, job: Job, values: dict[str, Any]) -> None:
+def _announce(store: Store, job: Job, values: JobRow) -> None:
     # The job an idempotency key already had keeps its own creation time.
     if signals.job_enqueued.receivers and job.created_at == values["created_at"]:
         signals.send(signals.job_enqueued, store.signal_sender, job=job)
@@ -214,7 +215,7 @@ def _announce(store: Store, job: Job, values: dict[str, Any]) -> None:
 def _insert(
     store: Store,
     conn: Connection,
-    rows: list[dict[str, Any]],
+    rows: list[JobRow],
     *,
     notify: bool,
     unique: Unique | None,
@@ -229,7 +230,7 @@ def _insert(
     return [_insert_one(store, conn, row, notify=notify)]
 
 
-def _insert_one(store: Store, conn: Connection, values: dict[str, Any], *, notify: bool) -> Job:
+def _insert_one(store: Store, conn: Connection, values: JobRow, *, notify: bool) -> Job:
     ops = store.ops
     key = values["idempotency_key"]
     row = bigpayloads.row_values(values, store.settings.inline_payload_limit)
@@ -245,7 +246,7 @@ def _insert_one(store: Store, conn: Connection, values: dict[str, Any], *, notif
 
 
 def _insert_unique(
-    store: Store, conn: Connection, values: dict[str, Any], unique: Unique, *, notify: bool
+    store: Store, conn: Connection, values: JobRow, unique: Unique, *, notify: bool
 ) -> Job:
     """Insert a job whose ``values`` carry a unique key (core/features/uniqueness.py): the new
     job, the job holding its idempotency key, or the job holding its unique key in
@@ -260,7 +261,9 @@ def _insert_unique(
     writes and locks: on InnoDB, racers each holding the shared lock a refused
     insert takes would deadlock as soon as one wrote the holder.
     """
-    key, idempotency_key = values["unique_key"], values["idempotency_key"]
+    # Only a row with a unique key comes here (enqueue passes ``unique`` only then).
+    key = cast("str", values["unique_key"])
+    idempotency_key = values["idempotency_key"]
     now = values["created_at"]
     refused = False
     for _ in range(_UNIQUE_ROUNDS):
@@ -290,7 +293,7 @@ def _conflict(
     store: Store,
     conn: Connection,
     row: Any,
-    values: dict[str, Any],
+    values: JobRow,
     unique: Unique,
     *,
     notify: bool,
@@ -311,9 +314,7 @@ def _conflict(
     return _job(store, conn, fresh)
 
 
-def _insert_many(
-    store: Store, conn: Connection, rows: list[dict[str, Any]], *, notify: bool
-) -> list[Job]:
+def _insert_many(store: Store, conn: Connection, rows: list[JobRow], *, notify: bool) -> list[Job]:
     """Insert one job per row, in as few statements as the database allows
     (``DialectOps.insert_jobs``), ids in the order of ``rows``; a row whose key a job
     holds already, or an earlier row of ``rows``, gives that job."""
@@ -364,9 +365,10 @@ def _insert_many(
     return made  # type: ignore[return-value]
 
 
-def _holders(conn: Connection, keys: list[str]) -> dict[str, Any]:
-    """The rows of the jobs holding ``keys``, by key (a page of keys per statement)."""
-    found: dict[str, Any] = {}
+def _holders(conn: Connection, keys: list[str | None]) -> dict[str | None, Any]:
+    """The rows of the jobs holding ``keys``, by key (a page of keys per statement).
+    Typed as a row's idempotency key is: only rows with a key are ever held."""
+    found: dict[str | None, Any] = {}
     for start in range(0, len(keys), _KEYS_PER_READ):
         page = keys[start : start + _KEYS_PER_READ]
         rows = conn.execute(sa.select(jobs).where(jobs.c.idempotency_key.in_(page)))
@@ -374,7 +376,7 @@ def _holders(conn: Connection, keys: list[str]) -> dict[str, Any]:
     return found
 
 
-def _new_job(store: Store, conn: Connection, job_id: int, values: dict[str, Any]) -> Job:
+def _new_job(store: Store, conn: Connection, job_id: int, values: JobRow) -> Job:
     """The Job for a row just inserted with ``values`` (saves reading it back), its
     payload kept outside the row if it is big (:func:`bigpayloads.row_values`)."""
     bigpayloads.keep(conn, [(job_id, values["payload"])], store.settings.inline_payload_limit)

@@ -46,6 +46,7 @@ from .jobs import read_whole
 from .liveness import BeatFiles
 from .liveness import BootClock
 from .models import FINISHED
+from .models import JobRow
 from .models import jobs
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ class Store:
 
     # -- one-job inserts on kept connections -----------------------------------------
 
-    def insert_kept(self, values: dict[str, Any]) -> int | None:
+    def insert_kept(self, values: JobRow) -> int | None:
         """Insert a plain job (:data:`.inserts.PLAIN`) in a transaction of its own on a
         kept connection (core/inserts.py); its id, or ``None``, nothing written, where no
         kept connection is free or none is kept (:meth:`_kept_inserts`)."""

@@ -34,6 +34,7 @@ from .. import wakeup
 from ..diagnosis import FAIL
 from ..diagnosis import OK
 from ..diagnosis import Finding
+from ..models import JobRow
 from ..models import JobStatus
 from ..models import effects
 from ..models import jobs
@@ -208,7 +209,7 @@ def _returning_id(stmt: sa.Update) -> sa.Update:
 
 
 def insert_once(
-    insert: Callable[..., Any], conn: Connection, unique: sa.Column[Any], values: dict[str, Any]
+    insert: Callable[..., Any], conn: Connection, unique: sa.Column[Any], values: Mapping[str, Any]
 ) -> int | None:
     """``INSERT … ON CONFLICT DO NOTHING RETURNING id``: the new id, or ``None`` on a duplicate.
 
@@ -463,7 +464,7 @@ class DialectOps:
             completed.update((job_id, bool(flag)) for job_id, flag in rows)
         return completed
 
-    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
+    def insert_jobs(self, conn: Connection, rows: list[JobRow]) -> list[int | None]:
         """Insert jobs in one transaction, in the order of ``rows``; their ids in that
         order, ``None`` for a row whose idempotency key another job holds already (the
         keys of ``rows`` are distinct; a caller looks the holders up).
@@ -473,7 +474,7 @@ class DialectOps:
         so that ids keep the order of ``rows``.
         """
         ids: list[int | None] = []
-        run: list[dict[str, Any]] = []
+        run: list[JobRow] = []
         for row in rows:
             if row.get("idempotency_key") is None:
                 run.append(row)
@@ -486,7 +487,7 @@ class DialectOps:
             ids += self.insert_plain(conn, run)
         return ids
 
-    def insert_plain(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    def insert_plain(self, conn: Connection, rows: list[JobRow]) -> list[int]:
         """Insert jobs without idempotency keys, in one transaction; their ids, in the
         order of ``rows``."""
         if conn.dialect.insert_executemany_returning_sort_by_parameter_order:
@@ -503,7 +504,7 @@ class DialectOps:
             for row in rows
         ]
 
-    def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
+    def insert_job(self, conn: Connection, values: JobRow) -> int | None:
         """Insert a job; return its id, or ``None`` if its idempotency key already exists."""
         if values["idempotency_key"] is None:
             # Nothing to collide with: a plain INSERT. SQLite then gives the id without
@@ -511,9 +512,7 @@ class DialectOps:
             return int(conn.execute(_INSERT_JOB, values).inserted_primary_key[0])  # type: ignore[index]
         return insert_once(type(self).insert, conn, jobs.c.idempotency_key, values)
 
-    def insert_unique(
-        self, conn: Connection, values: dict[str, Any], *, notify: bool = True
-    ) -> int | None:
+    def insert_unique(self, conn: Connection, values: JobRow, *, notify: bool = True) -> int | None:
         """Insert a job with a unique key (core/features/uniqueness.py); return its id, or
         ``None`` if its unique key or its idempotency key is held (the caller looks the
         holder up). With ``notify``, tell listening workers on commit if it inserted.
@@ -528,7 +527,7 @@ class DialectOps:
             self.notify(conn)
         return int(row[0])
 
-    def enqueue_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
+    def enqueue_job(self, conn: Connection, values: JobRow) -> int | None:
         """:meth:`insert_job`, and tell listening workers on commit if it inserted.
         Default: the insert, then :meth:`notify`."""
         job_id = self.insert_job(conn, values)

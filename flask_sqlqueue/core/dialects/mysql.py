@@ -8,6 +8,7 @@ caller's transaction; the row locks keep other claimers off until it commits.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +20,7 @@ from sqlalchemy.engine import Connection
 
 from ...exceptions import UnsupportedDatabase
 from .. import wakeup
+from ..models import JobRow
 from ..models import effects
 from ..models import jobs
 from ..models import limits as limits_table
@@ -174,15 +176,13 @@ class MySQLOps(ServerOps):
         )
         return {row.name: row for row in rows}
 
-    def insert_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
+    def insert_job(self, conn: Connection, values: JobRow) -> int | None:
         if values["idempotency_key"] is None:  # nothing to collide with: no savepoint
             return super().insert_job(conn, values)
         result = _insert_once(conn, _INSERT_JOB, values)
         return None if result is None else int(result.inserted_primary_key[0])  # type: ignore[index]
 
-    def insert_unique(
-        self, conn: Connection, values: dict[str, Any], *, notify: bool = True
-    ) -> int | None:
+    def insert_unique(self, conn: Connection, values: JobRow, *, notify: bool = True) -> int | None:
         # A duplicate of either key is error 1062, caught in a savepoint. (No NOTIFY
         # here: the store wakes this host's workers after the commit.)
         result = _insert_once(conn, _INSERT_JOB, values)
@@ -231,7 +231,7 @@ _INSERT_EFFECT = mysql_insert(effects)
 
 
 def _insert_once(
-    conn: Connection, stmt: sa.Insert, values: dict[str, Any]
+    conn: Connection, stmt: sa.Insert, values: Mapping[str, Any]
 ) -> sa.CursorResult[Any] | None:
     """Insert, or ``None`` on a duplicate key.
 

@@ -27,6 +27,7 @@ import select
 import threading
 from collections.abc import Callable
 from collections.abc import Iterator
+from collections.abc import Mapping
 from collections.abc import Sequence
 from datetime import date
 from datetime import datetime
@@ -44,6 +45,7 @@ from .. import wakeup
 from ..diagnosis import OK
 from ..diagnosis import WARN
 from ..diagnosis import Finding
+from ..models import JobRow
 from ..models import jobs
 from .base import COMPLETED
 from .base import RUNNING
@@ -122,7 +124,7 @@ class PostgresOps(ServerOps):
         # lock (a row changed since the statement began is re-read before it is written).
         return {job_id: flag for job_id, flag in conn.execute(_COMPLETE_ARRAYS, params)}
 
-    def insert_jobs(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int | None]:
+    def insert_jobs(self, conn: Connection, rows: list[JobRow]) -> list[int | None]:
         """``INSERT … SELECT … FROM json_array_elements(:rows) WITH ORDINALITY AS v(r, n)
         ORDER BY n ON CONFLICT (idempotency_key) DO NOTHING RETURNING id,
         idempotency_key``: a statement per :data:`ROWS_PER_INSERT` rows.
@@ -143,13 +145,15 @@ class PostgresOps(ServerOps):
             if len(chunk) == 1:  # a row alone, its payload perhaps too large to wrap
                 ids += super().insert_jobs(conn, chunk)
                 continue
-            first = chunk[0]
+            # Read by column name, which a JobRow's type allows only for literal keys.
+            table: Sequence[Mapping[str, Any]] = chunk
+            first = table[0]
             names = tuple(first)
-            shared = tuple(name for name in names if all(row[name] is first[name] for row in chunk))
+            shared = tuple(name for name in names if all(row[name] is first[name] for row in table))
             varying = tuple(name for name in names if name not in shared) or names[:1]
             shared = tuple(name for name in shared if name not in varying)
             params = {f"c_{name}": first[name] for name in shared}
-            params["j_rows"] = _json_rows(conn, chunk, varying)
+            params["j_rows"] = _json_rows(conn, table, varying)
             returned = sorted(conn.execute(_insert_rows(varying, shared), params).all())
             keyed = {key: job_id for job_id, key in returned if key is not None}
             plain = iter([job_id for job_id, key in returned if key is None])
@@ -188,14 +192,12 @@ class PostgresOps(ServerOps):
     ) -> sa.ColumnElement[float]:
         return sa.cast(sa.extract("epoch", end - start), sa.Float)
 
-    def enqueue_job(self, conn: Connection, values: dict[str, Any]) -> int | None:
+    def enqueue_job(self, conn: Connection, values: JobRow) -> int | None:
         stmt = _ENQUEUE if values["idempotency_key"] is None else _ENQUEUE_ONCE
         row = conn.execute(stmt, values).first()
         return None if row is None else int(row[0])
 
-    def insert_unique(
-        self, conn: Connection, values: dict[str, Any], *, notify: bool = True
-    ) -> int | None:
+    def insert_unique(self, conn: Connection, values: JobRow, *, notify: bool = True) -> int | None:
         # The NOTIFY rides on the INSERT's RETURNING, as a plain enqueue's does.
         row = conn.execute(_ENQUEUE_UNIQUE if notify else _INSERT_UNIQUE, values).first()
         return None if row is None else int(row[0])
@@ -335,7 +337,7 @@ ROWS_PER_INSERT = 10_000
 PAYLOAD_PER_INSERT = 2**26
 
 
-def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+def _chunks(rows: list[JobRow]) -> Iterator[list[JobRow]]:
     start, size = 0, 0
     for index, row in enumerate(rows):
         length = len(row.get("payload") or "")
@@ -349,7 +351,7 @@ def _chunks(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield rows[start:]
 
 
-def _json_rows(conn: Connection, rows: list[dict[str, Any]], names: tuple[str, ...]) -> str:
+def _json_rows(conn: Connection, rows: Sequence[Mapping[str, Any]], names: tuple[str, ...]) -> str:
     """The values of ``names`` in each of ``rows`` as a JSON array of arrays, each value
     as its column's type binds it (a time: aware, in UTC) and times as ISO 8601 text."""
     dialect = conn.dialect

@@ -31,6 +31,7 @@ from ..diagnosis import FAIL
 from ..diagnosis import OK
 from ..diagnosis import WARN
 from ..diagnosis import Finding
+from ..models import JobRow
 from ..models import jobs
 from .base import DialectOps
 from .base import claim_update
@@ -162,7 +163,7 @@ class SQLiteOps(DialectOps):
     def read_options(self) -> dict[str, Any]:
         return {_READ: True}
 
-    def insert_plain(self, conn: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    def insert_plain(self, conn: Connection, rows: list[JobRow]) -> list[int]:
         # SQLAlchemy cannot match RETURNING rows to parameters on SQLite, so with
         # sort_by_parameter_order it inserts a row at a time. It need not: under the
         # single write lock each row gets the next rowid in insert order (with

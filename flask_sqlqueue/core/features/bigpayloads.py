@@ -23,10 +23,13 @@ from typing import TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..models import JobRow
 from ..models import payloads
 from ..payload import OUTSIDE
 
 R = TypeVar("R")
+#: A new job's row, or the values an edit writes (core/operations.py).
+Row = TypeVar("Row", JobRow, dict[str, Any])
 
 
 def oversize(payload: str, limit: int) -> bool:
@@ -40,7 +43,7 @@ def oversize(payload: str, limit: int) -> bool:
     return len(payload.encode("utf-8")) > limit
 
 
-def row_values(values: dict[str, Any], limit: int) -> dict[str, Any]:
+def row_values(values: Row, limit: int) -> Row:
     """The values to write for a job with ``values``: themselves, or with a payload
     over ``limit`` replaced by the marker (then :func:`keep` writes it)."""
     if oversize(values["payload"], limit):

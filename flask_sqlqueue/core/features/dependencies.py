@@ -50,6 +50,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from ...exceptions import ids_text
+from ..models import JobRow
 from ..models import JobStatus
 from ..models import dependencies
 from ..models import jobs
@@ -104,7 +105,7 @@ class Start:
     #: For a job that starts ``cancelled``: the dependency that ended badly.
     last_error: str | None = None
 
-    def values(self, now: datetime) -> dict[str, Any]:
+    def values(self, now: datetime) -> JobRow:
         """The columns of the new job's row that this decides."""
         finished = self.status == CANCELLED
         return {

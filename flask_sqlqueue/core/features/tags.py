@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..models import JobRow
 from ..models import job_tags
 from ..models import jobs
 from ..payload import decode_value
@@ -104,10 +105,10 @@ def check_meta(meta: object) -> dict[str, Any] | None:
     return found or None
 
 
-def row_values(tags: tuple[str, ...] | None, meta: Mapping[str, Any] | None) -> dict[str, str]:
+def row_values(tags: tuple[str, ...] | None, meta: Mapping[str, Any] | None) -> JobRow:
     """The columns of a new job's row for these tags and metadata: none for none, so
     that the row of a job without them is the same as before (and its statement too)."""
-    values = {}
+    values: JobRow = {}
     if tags:
         values["tags"] = dumps_trusted(list(tags))
     if meta:

@@ -30,6 +30,7 @@ from typing import Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from ..models import JobRow
 from ..models import JobStatus
 from ..models import jobs
 from ..payload import decode_payload
@@ -238,7 +239,7 @@ def holds(row: Any, unique: Unique, now: datetime) -> bool:
     return period is None or row.created_at > now - timedelta(seconds=period)
 
 
-def replace(conn: Connection, job_id: int, key: str, values: dict[str, Any]) -> bool:
+def replace(conn: Connection, job_id: int, key: str, values: JobRow) -> bool:
     """Give the job ``job_id``, still holding ``key`` and not started, the arguments
     and ``run_at`` of ``values`` (a new job's row); ``False`` if it has started, or
     lost the key, meanwhile (the UPDATE's guard, tested under the row's lock)."""
