@@ -90,32 +90,37 @@ def test_a_claim_skips_jobs_another_claim_holds_instead_of_waiting(server_app: F
 
 
 def _drop_connections(server_uri: str) -> int:
-    """What a server restart does to the queue: end every connection to its database."""
+    """What a server restart does to the queue: end every connection to its database,
+    and wait until the server has closed them. Ending one only signals its server
+    process or thread (``pg_terminate_backend`` returns once the signal is sent): until
+    it has exited, a client that looks at an idle connection sees it open."""
     url = sa.make_url(server_uri)
     admin = sa.create_engine(url.set(database=None) if url.drivername.startswith("mysql") else url)
+    if admin.dialect.name == "postgresql":
+        listed = (
+            "SELECT pid FROM pg_stat_activity WHERE datname = :name AND pid <> pg_backend_pid()"
+        )
+    else:
+        listed = (
+            "SELECT id FROM information_schema.processlist "
+            "WHERE db = :name AND id <> CONNECTION_ID()"
+        )
     try:
-        with admin.connect() as conn:
-            if admin.dialect.name == "postgresql":
-                ended = conn.execute(
-                    sa.text(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = :name AND pid <> pg_backend_pid()"
-                    ),
-                    {"name": url.database},
-                ).all()
-                return len(ended)
-            ids = conn.execute(
-                sa.text(
-                    "SELECT id FROM information_schema.processlist "
-                    "WHERE db = :name AND id <> CONNECTION_ID()"
-                ),
-                {"name": url.database},
-            ).scalars()
-            killed = 0
-            for pid in list(ids):
-                conn.exec_driver_sql(f"KILL CONNECTION {int(pid)}")
-                killed += 1
-            return killed
+        # Autocommit: PostgreSQL keeps one snapshot of pg_stat_activity per transaction.
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+
+            def connected() -> set[int]:
+                found = conn.execute(sa.text(listed), {"name": url.database}).scalars()
+                return {int(pid) for pid in found}
+
+            ended = connected()
+            for pid in ended:
+                if admin.dialect.name == "postgresql":
+                    conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                else:
+                    conn.exec_driver_sql(f"KILL CONNECTION {pid}")
+            wait_for(lambda: not ended & connected(), "the ended connections to close")
+            return len(ended)
     finally:
         admin.dispose()
 
