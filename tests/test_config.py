@@ -257,3 +257,14 @@ def test_a_url_without_a_known_scheme_or_installed_driver_names_the_fix(uri: str
     message = str(refused.value)
     assert fix in message
     assert "secret" not in message  # a password is never repeated
+
+
+@pytest.mark.parametrize("uri", ["sqlite://", "sqlite:///:memory:"])
+def test_the_queues_own_in_memory_database_is_refused_as_configuration(
+    tmp_path: Path, uri: str
+) -> None:
+    """``SQLQUEUE_DATABASE_URI`` naming an in-memory SQLite database: ``init_app`` refuses
+    it with the queue's own configuration error, as it does any other bad setting."""
+    message = _refused(tmp_path, SQLQUEUE_DATABASE_URI=uri)
+    assert "in-memory SQLite database cannot be shared by a worker" in message
+    assert "sqlite:///path/to/queue.db" in message

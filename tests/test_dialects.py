@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue.config import Settings
 from flask_sqlqueue.core.diagnosis import FAIL
 from flask_sqlqueue.core.diagnosis import OK
@@ -42,7 +43,7 @@ def test_an_unsupported_database_is_refused_before_its_driver_is_loaded() -> Non
 
 @pytest.mark.parametrize("uri", ["sqlite://", "sqlite:///:memory:"])
 def test_sqlite_refuses_an_in_memory_database(uri: str) -> None:
-    with pytest.raises(ValueError, match="in-memory SQLite database cannot be shared"):
+    with pytest.raises(ConfigurationError, match="in-memory SQLite database cannot be shared"):
         for_dialect("sqlite").engine_options(sa.make_url(uri), {})
 
 

@@ -58,7 +58,7 @@ class SQLiteOps(DialectOps):
 
     def engine_options(self, url: sa.URL, options: Mapping[str, Any]) -> dict[str, Any]:
         if self.in_memory(url):
-            raise ValueError(
+            raise ConfigurationError(
                 "An in-memory SQLite database cannot be shared by a worker; "
                 "use a file: sqlite:///path/to/queue.db"
             )
