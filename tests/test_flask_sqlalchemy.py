@@ -19,6 +19,7 @@ from sqlalchemy.orm import mapped_column
 
 from flask_sqlqueue import ConfigurationError
 from flask_sqlqueue import JobStatus
+from flask_sqlqueue import QueueUnavailable
 from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import WorkerOptions
 from tests.conftest import query
@@ -272,6 +273,60 @@ def test_an_enqueue_outside_the_session_leaves_its_rows_to_it(instance: Path) ->
             assert db.session.get(Note, 2) is None
             kept = queue.get_job(job.id)
             assert kept is not None and kept.status == JobStatus.PENDING
+    finally:
+        dispose(app, db)
+
+
+def test_an_eager_run_does_not_see_the_sessions_uncommitted_rows(instance: Path) -> None:
+    """docs/flask-sqlalchemy.md: in eager mode on the app's in-memory database, a job
+    enqueued without ``session=`` runs at once and does not see what the session has
+    flushed and not committed."""
+    app, db, queue = make(
+        instance,
+        {
+            "SQLALCHEMY_DATABASE_URI": "sqlite://",
+            "SQLQUEUE_USE_APP_DATABASE": True,
+            "SQLQUEUE_EAGER": True,
+        },
+    )
+    Note = app.extensions["test_note"]
+    try:
+        queue.upgrade_database(app=app)
+        with app.app_context():
+            db.create_all()
+            db.session.add(Note(id=2, text="not committed"))
+            db.session.flush()
+            job = queue.get_job(queue.enqueue("read_note", args=[2]).id)
+            assert job is not None and job.status == JobStatus.PENDING  # to be retried
+            assert "'NoneType' object has no attribute 'text'" in (job.last_error or "")
+            db.session.rollback()
+    finally:
+        dispose(app, db)
+
+
+def test_an_enqueue_after_a_flush_on_the_apps_file_is_locked_out(instance: Path) -> None:
+    """docs/flask-sqlalchemy.md: on the app's SQLite file, an enqueue without
+    ``session=`` after the session flushed waits for the app's write transaction and
+    fails with "database is locked", enqueueing nothing."""
+    app, db, queue = make(
+        instance,
+        {
+            "SQLALCHEMY_DATABASE_URI": "sqlite:///app.db",
+            "SQLQUEUE_USE_APP_DATABASE": True,
+            "SQLQUEUE_SQLITE_BUSY_TIMEOUT": 0.2,
+        },
+    )
+    Note = app.extensions["test_note"]
+    try:
+        queue.upgrade_database(app=app)
+        with app.app_context():
+            db.create_all()
+            db.session.add(Note(id=3, text="flushed"))
+            db.session.flush()
+            with pytest.raises(QueueUnavailable, match="database is locked"):
+                queue.enqueue("read_note", args=[3])
+            db.session.rollback()
+            assert queue.enqueue("read_note", args=[3]).status == JobStatus.PENDING
     finally:
         dispose(app, db)
 
