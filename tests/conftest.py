@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ import sqlalchemy as sa
 from flask import Flask
 from sqlalchemy.pool import NullPool
 
+from flask_sqlqueue import SQLQueue
 from flask_sqlqueue import schema
 from flask_sqlqueue.config import Settings
 from flask_sqlqueue.core.store import Store
@@ -265,9 +267,14 @@ def core_store(database_uri: str) -> Iterator[Store]:
 # -- the sample app --------------------------------------------------------------------------
 
 
-@pytest.fixture
-def make_app(database_uri: str, tmp_path: Path) -> Iterator[Any]:
-    """Build the sample app on the test's database with the schema in place.
+def apps_on(
+    database_uri: str,
+    create_app: Callable[[dict[str, Any]], Flask],
+    queue: SQLQueue,
+    instance_path: Path | None = None,
+) -> Iterator[Callable[..., Flask]]:
+    """Build apps of ``create_app`` on the test's database with the schema in place, and
+    let go of their engines at the end (the body of an app-making fixture).
 
     On a server the first app with ``upgrade=True`` gets the tables by
     :func:`install_schema` (the database is still empty then). Every other one runs the
@@ -282,16 +289,24 @@ def make_app(database_uri: str, tmp_path: Path) -> Iterator[Any]:
         replay = upgrade and fast and not made
         if replay:
             install_schema(database_uri)
-        app = sample_app.create_app({"SQLQUEUE_DATABASE_URI": database_uri, **(config or {})})
-        app.instance_path = str(tmp_path / "instance")
+        app = create_app({"SQLQUEUE_DATABASE_URI": database_uri, **(config or {})})
+        if instance_path is not None:
+            app.instance_path = str(instance_path)
         if upgrade and not replay:
-            sample_app.queue.upgrade_database(app=app)
+            queue.upgrade_database(app=app)
         made.append(app)
         return app
 
     yield make
     for app in made:
         app.extensions["sqlqueue"].store.engine.dispose()
+
+
+@pytest.fixture
+def make_app(database_uri: str, tmp_path: Path) -> Iterator[Callable[..., Flask]]:
+    """Build the sample app on the test's database with the schema in place
+    (:func:`apps_on`)."""
+    yield from apps_on(database_uri, sample_app.create_app, sample_app.queue, tmp_path / "instance")
 
 
 # Not called `app`: pytest-flask, a test dependency, pushes a request context around

@@ -9,32 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from flask import Flask
 
 from tests import limits_app
-from tests.conftest import install_schema
+from tests.conftest import apps_on
 
 
 @pytest.fixture
 def make_lapp(database_uri: str) -> Iterator[Callable[..., Flask]]:
-    """The limits app on the test's database, schema in place."""
-    made: list[Flask] = []
-
-    def make(config: dict[str, Any] | None = None) -> Flask:
-        if not made and not database_uri.startswith("sqlite"):
-            install_schema(database_uri)
-        app = limits_app.create_app({"SQLQUEUE_DATABASE_URI": database_uri, **(config or {})})
-        if database_uri.startswith("sqlite"):
-            limits_app.queue.upgrade_database(app=app)
-        made.append(app)
-        return app
-
-    yield make
-    for app in made:
-        app.extensions["sqlqueue"].store.engine.dispose()
+    """The limits app on the test's database, schema in place (:func:`apps_on`)."""
+    yield from apps_on(database_uri, limits_app.create_app, limits_app.queue)
 
 
 @pytest.fixture
